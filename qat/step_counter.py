@@ -1,0 +1,61 @@
+"""The quantization step counter shared by the fold and quantize passes.
+
+`quant_delay` and `freeze_bn_delay` compare against one int64 variable,
+`fake_quantization_step` (contrib's name, so checkpoints carry over). The
+tensor handed to the passes increments it: any Session.run that evaluates a
+delayed FakeQuant or a freezable batch norm advances it exactly once.
+
+The passes find the counter through a graph collection, not by its name.
+"""
+from typing import Optional
+
+import tensorflow as tf
+
+QUANTIZATION_STEP_NAME = "fake_quantization_step"
+# Collection holding [variable, incremented step tensor] once created.
+QUANTIZATION_STEP_COLLECTION = "qat_quantization_step"
+
+
+def get_quantization_step(graph: Optional[tf.Graph] = None) -> Optional[tf.Tensor]:
+    """Returns the incremented step tensor of `graph`, or None if it has none."""
+    graph = graph or tf.compat.v1.get_default_graph()
+    found = graph.get_collection(QUANTIZATION_STEP_COLLECTION)
+    return found[1] if found else None
+
+
+def get_quantization_step_variable(graph: Optional[tf.Graph] = None):
+    """Returns the `fake_quantization_step` variable of `graph`, or None."""
+    graph = graph or tf.compat.v1.get_default_graph()
+    found = graph.get_collection(QUANTIZATION_STEP_COLLECTION)
+    return found[0] if found else None
+
+
+def get_or_create_quantization_step(graph: Optional[tf.Graph] = None) -> tf.Tensor:
+    """Returns the step tensor, creating the counter variable on first use.
+
+    Args:
+      graph: the graph to use; the default graph when None.
+
+    Returns:
+      An int64 scalar tensor: the value of `fake_quantization_step` after this
+      run's increment (1 on the first run that evaluates it).
+    """
+    graph = graph or tf.compat.v1.get_default_graph()
+    existing = get_quantization_step(graph)
+    if existing is not None:
+        return existing
+    with graph.as_default(), graph.name_scope(None):
+        variable = tf.compat.v1.get_variable(
+            QUANTIZATION_STEP_NAME,
+            shape=[],
+            dtype=tf.int64,
+            initializer=tf.compat.v1.zeros_initializer(),
+            trainable=False,
+            use_resource=True,
+            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
+        with graph.name_scope(QUANTIZATION_STEP_NAME + "/"):
+            step = tf.identity(
+                tf.compat.v1.assign_add(variable, 1), name="Identity")
+    graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, variable)
+    graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, step)
+    return step
