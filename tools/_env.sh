@@ -23,7 +23,8 @@ qat_python() {
 qat_setup_venv() {
   local stamp="$QAT_VENV/.qat-requirements.sha256"
   local want
-  want="$(cat "$QAT_ROOT/requirements.txt" "$QAT_ROOT/requirements-test.txt" | sha256sum | cut -d' ' -f1)"
+  want="$(cat "$QAT_ROOT/requirements.txt" "$QAT_ROOT/requirements-test.txt" "$QAT_ROOT/pyproject.toml" |
+    sha256sum | cut -d' ' -f1)"
   if [ ! -x "$QAT_VENV/bin/python" ]; then
     local py; py="$(qat_python)" || return 1
     qat_log "creating virtualenv $QAT_VENV with $py"
@@ -34,6 +35,8 @@ qat_setup_venv() {
     qat_log "installing pinned packages (requirements-test.txt) into $QAT_VENV"
     "$QAT_VENV/bin/python" -m pip install --quiet --upgrade pip
     "$QAT_VENV/bin/python" -m pip install --quiet --progress-bar off -r "$QAT_ROOT/requirements-test.txt" || return 1
+    # Editable, so `python tools/<tool>.py` imports this checkout's qat.
+    "$QAT_VENV/bin/python" -m pip install --quiet --no-deps -e "$QAT_ROOT" || return 1
     echo "$want" > "$stamp"
   fi
   export PATH="$QAT_VENV/bin:$PATH"
