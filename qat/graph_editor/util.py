@@ -1,0 +1,594 @@
+"""Utility functions of the graph editor (contrib r1.15 `graph_editor.util`).
+
+Lists of ops and tensors, control outputs, placeholder naming, tree helpers
+and scope helpers, working on live TF 2 `tf.Graph`s (graph mode).
+"""
+import collections
+from collections import abc as collections_abc
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.framework import func_graph as _func_graph
+
+__all__ = [
+    "make_list_of_op",
+    "get_tensors",
+    "make_list_of_t",
+    "get_generating_ops",
+    "get_consuming_ops",
+    "ControlOutputs",
+    "placeholder_name",
+    "make_placeholder_from_tensor",
+    "make_placeholder_from_dtype_and_shape",
+]
+
+_DEFAULT_PLACEHOLDER_PREFIX = "geph"
+
+# Collections `tf.compat.v1.GraphKeys` defines; the transformer treats them
+# as predefined (they are not copied as user collections).
+_TF_PREDEFINED_COLLECTION_NAMES = None
+
+
+def check_graph_modifiable(graph: tf.Graph, what: str = "edit") -> None:
+    """Raises if `graph` cannot be edited in place by the graph editor.
+
+    Args:
+      graph: the graph about to be modified.
+      what: a short description of the modification, used in the message.
+
+    Raises:
+      TypeError: if `graph` is not a `tf.Graph`.
+      ValueError: if `graph` is a `FuncGraph` (the body of a `tf.function`):
+        its ops are traced once and edits would not reach the function.
+      RuntimeError: if `graph` is finalized.
+    """
+    if not isinstance(graph, tf.Graph):
+        raise TypeError("Expected a tf.Graph, got: {}".format(type(graph)))
+    if isinstance(graph, _func_graph.FuncGraph):
+        raise ValueError(
+            "Cannot {} ops of FuncGraph {!r}: the graph editor works on tf.Graph "
+            "graphs built in graph mode (tf.compat.v1); build the model in a "
+            "tf.Graph instead of inside a tf.function.".format(what, graph.name))
+    if graph.finalized:
+        raise RuntimeError(
+            "Cannot {}: the graph is finalized (e.g. by a MonitoredSession); "
+            "edit the graph before finalizing it.".format(what))
+
+
+def concatenate_unique(la: list, lb: Iterable) -> list:
+    """Adds the items of `lb` not in `la` to the end of `la`, in place.
+
+    Args:
+      la: the list to extend.
+      lb: the items to add.
+
+    Returns:
+      `la`.
+    """
+    la_set = set(la)
+    for item in lb:
+        if item not in la_set:
+            la.append(item)
+            la_set.add(item)
+    return la
+
+
+class ListView(object):
+    """A read-only view of a list (item assignment raises TypeError)."""
+
+    def __init__(self, list_: list):
+        if not isinstance(list_, list):
+            raise TypeError("Expected a list, got: {}.".format(type(list_)))
+        self._list = list_
+
+    def __iter__(self):
+        return iter(self._list)
+
+    def __len__(self):
+        return len(self._list)
+
+    def __bool__(self):
+        return bool(self._list)
+
+    def __getitem__(self, i):
+        return self._list[i]
+
+    def __contains__(self, item):
+        return any(item is x for x in self._list)
+
+    def __add__(self, other):
+        if not isinstance(other, list):
+            other = list(other)
+        return list(self) + other
+
+    def __radd__(self, other):
+        return list(other) + list(self)
+
+    def index(self, item) -> int:
+        for i, x in enumerate(self._list):
+            if x is item:
+                return i
+        raise ValueError("{} is not in the list".format(item))
+
+    def __repr__(self):
+        return "ListView({!r})".format(self._list)
+
+
+def is_iterable(obj: Any) -> bool:
+    """Returns True if `obj` is iterable; a `tf.Tensor` is not."""
+    if isinstance(obj, (tf.Tensor, tf.Operation)):
+        return False
+    try:
+        _ = iter(obj)
+    except Exception:  # pylint: disable=broad-except
+        return False
+    return True
+
+
+def _is_leaf(obj) -> bool:
+    return isinstance(obj, (str, bytes)) or not is_iterable(obj)
+
+
+def flatten_tree(tree: Any, leaves: Optional[list] = None) -> list:
+    """Flattens a tree of dicts and iterables into a list of leaves.
+
+    Dict values are visited in the dict's order; strings are leaves.
+
+    Args:
+      tree: the tree.
+      leaves: a list to append the leaves to (a new one when None).
+
+    Returns:
+      The list of leaves.
+    """
+    if leaves is None:
+        leaves = []
+    if isinstance(tree, dict):
+        for child in tree.values():
+            flatten_tree(child, leaves)
+    elif _is_leaf(tree):
+        leaves.append(tree)
+    else:
+        for child in tree:
+            flatten_tree(child, leaves)
+    return leaves
+
+
+def transform_tree(tree: Any, fn: Callable[[Any], Any], iterable_type=tuple) -> Any:
+    """Applies `fn` to the leaves of a tree, keeping its structure.
+
+    dict (and subclasses such as OrderedDict), namedtuple, tuple and list keep
+    their type; other iterables (e.g. sets) become `iterable_type`.
+
+    Args:
+      tree: the tree.
+      fn: the function applied to each leaf.
+      iterable_type: the type built for iterables that are not dict, tuple or
+        a sequence.
+
+    Returns:
+      A tree of the same structure with the transformed leaves.
+    """
+    if _is_leaf(tree):
+        return fn(tree)
+    if isinstance(tree, dict):
+        items = [(k, transform_tree(v, fn, iterable_type)) for k, v in tree.items()]
+        if isinstance(tree, collections.defaultdict):
+            res = collections.defaultdict(tree.default_factory)
+            res.update(items)
+            return res
+        return type(tree)(items)
+    if isinstance(tree, tuple):
+        children = [transform_tree(c, fn, iterable_type) for c in tree]
+        if hasattr(tree, "_fields"):  # namedtuple
+            return type(tree)(*children)
+        return type(tree)(children)
+    if isinstance(tree, collections_abc.Sequence):
+        return type(tree)(transform_tree(c, fn, iterable_type) for c in tree)
+    return iterable_type(transform_tree(c, fn, iterable_type) for c in tree)
+
+
+def check_graphs(*args) -> None:
+    """Raises ValueError unless all the arguments' `.graph` agree (None ignored).
+
+    Args:
+      *args: objects with a `graph` attribute (ops, tensors, SubGraphViews).
+
+    Raises:
+      ValueError: if two arguments belong to different graphs.
+    """
+    graph = None
+    for i, obj in enumerate(args):
+        obj_graph = getattr(obj, "graph", None)
+        if obj_graph is None:
+            continue
+        if graph is None:
+            graph = obj_graph
+        elif obj_graph is not graph:
+            raise ValueError(
+                "Argument[{}] ({}) belongs to another graph than the previous "
+                "arguments.".format(i, _describe(obj)))
+
+
+def _describe(obj) -> str:
+    name = getattr(obj, "name", None)
+    return name if isinstance(name, str) else type(obj).__name__
+
+
+def get_unique_graph(tops, check_types=None, none_if_empty: bool = False):
+    """Returns the unique graph of a list of ops/tensors.
+
+    Args:
+      tops: a tf.Graph, or an iterable of ops/tensors.
+      check_types: the allowed types of the items (op and tensor when None).
+      none_if_empty: return None instead of raising for an empty `tops`.
+
+    Returns:
+      The graph all the items belong to.
+
+    Raises:
+      TypeError: if `tops` is not iterable or an item has the wrong type.
+      ValueError: if the items belong to different graphs, or `tops` is empty
+        and `none_if_empty` is False.
+    """
+    if isinstance(tops, tf.Graph):
+        return tops
+    if not is_iterable(tops):
+        raise TypeError("{} is not iterable".format(type(tops)))
+    if check_types is None:
+        check_types = (tf.Operation, tf.Tensor)
+    elif not is_iterable(check_types):
+        check_types = (check_types,)
+    else:
+        check_types = tuple(check_types)
+    graph = None
+    for item in tops:
+        if not isinstance(item, check_types):
+            raise TypeError("Expected a type in ({}), got: {} ({!r})".format(
+                ", ".join(t.__name__ for t in check_types), type(item), item))
+        if graph is None:
+            graph = item.graph
+        elif item.graph is not graph:
+            raise ValueError(
+                "{} does not belong to the same graph as the other items; "
+                "use ops and tensors of one graph.".format(_describe(item)))
+    if graph is None and not none_if_empty:
+        raise ValueError("Can't find the unique graph of an empty list")
+    return graph
+
+
+def make_list_of_op(ops, check_graph: bool = True, allow_graph: bool = True,
+                    ignore_ts: bool = False) -> List[tf.Operation]:
+    """Converts ops to a list of `tf.Operation`.
+
+    Args:
+      ops: a tf.Graph (all its ops), a single op, or an iterable of ops.
+      check_graph: check that all the ops belong to the same graph.
+      allow_graph: accept a tf.Graph.
+      ignore_ts: silently drop tensors instead of raising TypeError.
+
+    Returns:
+      A new list of ops.
+
+    Raises:
+      TypeError: if `ops` is a graph and `allow_graph` is False, or an item is
+        not an op (nor a tensor with `ignore_ts`).
+      ValueError: if the ops belong to different graphs.
+    """
+    if isinstance(ops, tf.Graph):
+        if allow_graph:
+            return ops.get_operations()
+        raise TypeError("allow_graph is False: cannot convert a tf.Graph.")
+    if not is_iterable(ops) or isinstance(ops, (str, bytes)):
+        ops = [ops]
+    ops = list(ops)
+    if not ops:
+        return []
+    if check_graph:
+        get_unique_graph(ops, check_types=None if ignore_ts else tf.Operation)
+    else:
+        allowed = (tf.Operation, tf.Tensor) if ignore_ts else tf.Operation
+        for op in ops:
+            if not isinstance(op, allowed):
+                raise TypeError("Expected a tf.Operation, got: {}".format(type(op)))
+    return [op for op in ops if isinstance(op, tf.Operation)]
+
+
+def get_tensors(graph: tf.Graph) -> List[tf.Tensor]:
+    """Returns all the output tensors of the ops of `graph`, in op order.
+
+    Raises:
+      TypeError: if `graph` is not a tf.Graph.
+    """
+    if not isinstance(graph, tf.Graph):
+        raise TypeError("Expected a graph, got: {}".format(type(graph)))
+    ts = []
+    for op in graph.get_operations():
+        ts += op.outputs
+    return ts
+
+
+def make_list_of_t(ts, check_graph: bool = True, allow_graph: bool = True,
+                   ignore_ops: bool = False) -> List[tf.Tensor]:
+    """Converts tensors to a list of `tf.Tensor`.
+
+    Args:
+      ts: a tf.Graph (all its tensors), a single tensor, or an iterable.
+      check_graph: check that all the tensors belong to the same graph.
+      allow_graph: accept a tf.Graph.
+      ignore_ops: silently drop ops instead of raising TypeError.
+
+    Returns:
+      A new list of tensors.
+
+    Raises:
+      TypeError: if `ts` is a graph and `allow_graph` is False, or an item is
+        not a tensor (nor an op with `ignore_ops`).
+      ValueError: if the tensors belong to different graphs.
+    """
+    if isinstance(ts, tf.Graph):
+        if allow_graph:
+            return get_tensors(ts)
+        raise TypeError("allow_graph is False: cannot convert a tf.Graph.")
+    if not is_iterable(ts) or isinstance(ts, (str, bytes)):
+        ts = [ts]
+    ts = list(ts)
+    if not ts:
+        return []
+    if check_graph:
+        get_unique_graph(ts, check_types=None if ignore_ops else tf.Tensor)
+    else:
+        allowed = (tf.Operation, tf.Tensor) if ignore_ops else tf.Tensor
+        for t in ts:
+            if not isinstance(t, allowed):
+                raise TypeError("Expected a tf.Tensor, got: {}".format(type(t)))
+    return [t for t in ts if isinstance(t, tf.Tensor)]
+
+
+def get_generating_ops(ts) -> List[tf.Operation]:
+    """Returns the ops generating `ts` (one per tensor, duplicates kept).
+
+    Args:
+      ts: a tensor or an iterable of tensors.
+
+    Raises:
+      TypeError: if `ts` cannot be converted to a list of tensors.
+    """
+    ts = make_list_of_t(ts, allow_graph=False)
+    return [t.op for t in ts]
+
+
+def get_consuming_ops(ts) -> List[tf.Operation]:
+    """Returns the ops consuming `ts`, each once, in order.
+
+    Args:
+      ts: a tensor or an iterable of tensors.
+
+    Raises:
+      TypeError: if `ts` cannot be converted to a list of tensors.
+    """
+    ts = make_list_of_t(ts, allow_graph=False)
+    ops = []
+    seen = set()
+    for t in ts:
+        for op in t.consumers():
+            if op not in seen:
+                seen.add(op)
+                ops.append(op)
+    return ops
+
+
+class ControlOutputs(object):
+    """The control outputs of the ops of a graph.
+
+    `get(op)` reads the live graph, so it is always current; `get_all()`
+    returns a dict built on first use and rebuilt by `update()`.
+    """
+
+    def __init__(self, graph: tf.Graph):
+        if not isinstance(graph, tf.Graph):
+            raise TypeError("Expected a tf.Graph, got: {}".format(type(graph)))
+        self._graph = graph
+        self._control_outputs = None
+        self._version = None
+
+    def update(self) -> "ControlOutputs":
+        """Rebuilds the op -> control outputs dict (call after edits)."""
+        self._control_outputs = None
+        return self
+
+    def _build(self) -> Dict[tf.Operation, List[tf.Operation]]:
+        result = {}
+        for op in self._graph.get_operations():
+            for control_input in op.control_inputs:
+                result.setdefault(control_input, []).append(op)
+        self._version = self._graph.version
+        return result
+
+    def get_all(self) -> Dict[tf.Operation, List[tf.Operation]]:
+        """Returns a dict op -> list of ops having it as control input."""
+        if self._control_outputs is None or self._version != self._graph.version:
+            self._control_outputs = self._build()
+        return self._control_outputs
+
+    def get(self, op: tf.Operation) -> Tuple[tf.Operation, ...]:
+        """Returns the ops having `op` as a control input (() if none)."""
+        if op.graph is not self._graph:
+            return ()
+        return tuple(op._control_outputs)  # pylint: disable=protected-access
+
+    @property
+    def graph(self) -> tf.Graph:
+        return self._graph
+
+
+def scope_finalize(scope: str) -> str:
+    """Returns `scope` ending with "/" ("" stays "")."""
+    if scope and scope[-1] != "/":
+        scope += "/"
+    return scope
+
+
+def scope_dirname(scope: str) -> str:
+    """Returns the scope part of a name: "a/b/op" -> "a/b/"."""
+    slash = scope.rfind("/")
+    if slash == -1:
+        return ""
+    return scope[:slash + 1]
+
+
+def scope_basename(scope: str) -> str:
+    """Returns the last part of a name: "a/b/op" -> "op"."""
+    slash = scope.rfind("/")
+    if slash == -1:
+        return scope
+    return scope[slash + 1:]
+
+
+def placeholder_name(t: Optional[tf.Tensor] = None, scope: Optional[str] = None,
+                     prefix: str = _DEFAULT_PLACEHOLDER_PREFIX) -> str:
+    """Returns the name of a placeholder standing for `t`.
+
+    Args:
+      t: the tensor (or None for a generic name).
+      scope: the scope of the placeholder ("" is the root); the scope of
+        `t`'s op when None.
+      prefix: the name prefix.
+
+    Returns:
+      "<scope>/<prefix>__<op basename>_<output index>", or "<scope><prefix>"
+      without `t`. A name already made by this function is returned as is.
+
+    Raises:
+      TypeError: if `t` is not None nor a tf.Tensor.
+    """
+    if scope is not None:
+        scope = scope_finalize(scope)
+    if t is None:
+        return (scope or "") + prefix
+    if not isinstance(t, tf.Tensor):
+        raise TypeError("Expected a tf.Tensor, got: {}".format(type(t)))
+    op_dirname = scope_dirname(t.op.name)
+    op_basename = scope_basename(t.op.name)
+    if scope is None:
+        scope = op_dirname
+    if op_basename.startswith("{}__".format(prefix)):
+        ph_name = op_basename
+    else:
+        ph_name = "{}__{}_{}".format(prefix, op_basename, t.value_index)
+    return scope + ph_name
+
+
+def _absolute_placeholder(dtype, shape, name: str) -> tf.Tensor:
+    # Names are absolute (like contrib's, relative to the graph root) so a
+    # placeholder lands in the scope `placeholder_name` chose.
+    graph = tf.compat.v1.get_default_graph()
+    check_graph_modifiable(graph, "create a placeholder")
+    scope_name = scope_dirname(name)
+    base_name = scope_basename(name)
+    # No control dependencies: a placeholder must not wait on anything.
+    with graph.name_scope(scope_name or None), graph.control_dependencies(None):
+        return tf.compat.v1.placeholder(dtype=dtype, shape=shape, name=base_name)
+
+
+def make_placeholder_from_tensor(t: tf.Tensor, scope: Optional[str] = None,
+                                 prefix: str = _DEFAULT_PLACEHOLDER_PREFIX
+                                 ) -> tf.Tensor:
+    """Creates a placeholder like `t` (dtype and shape) in the default graph.
+
+    Args:
+      t: the tensor.
+      scope: the placeholder's scope ("" is the root; `t`'s scope when None).
+      prefix: the name prefix.
+
+    Returns:
+      The placeholder tensor, named by `placeholder_name`.
+
+    Raises:
+      TypeError: if `t` is not a tensor.
+      ValueError / RuntimeError: if the default graph cannot be modified.
+    """
+    return _absolute_placeholder(
+        t.dtype, t.get_shape(), placeholder_name(t, scope=scope, prefix=prefix))
+
+
+def make_placeholder_from_dtype_and_shape(dtype, shape=None,
+                                          scope: Optional[str] = None,
+                                          prefix: str = _DEFAULT_PLACEHOLDER_PREFIX
+                                          ) -> tf.Tensor:
+    """Creates a placeholder in the default graph named `<scope><prefix>`.
+
+    Args:
+      dtype: the placeholder's dtype.
+      shape: its shape (unknown when None).
+      scope: its scope (root when None).
+      prefix: the name prefix.
+
+    Returns:
+      The placeholder tensor.
+
+    Raises:
+      ValueError / RuntimeError: if the default graph cannot be modified.
+    """
+    return _absolute_placeholder(
+        dtype, shape, placeholder_name(scope=scope, prefix=prefix))
+
+
+def get_predefined_collection_names() -> List[str]:
+    """Returns the names of the collections `tf.compat.v1.GraphKeys` defines."""
+    global _TF_PREDEFINED_COLLECTION_NAMES
+    if _TF_PREDEFINED_COLLECTION_NAMES is None:
+        keys = tf.compat.v1.GraphKeys
+        _TF_PREDEFINED_COLLECTION_NAMES = sorted({
+            getattr(keys, name) for name in dir(keys)
+            if not name.startswith("_") and isinstance(getattr(keys, name), str)
+        })
+    return list(_TF_PREDEFINED_COLLECTION_NAMES)
+
+
+def find_corresponding_elem(target, dst_graph: tf.Graph, dst_scope: str = "",
+                            src_scope: str = ""):
+    """Returns the op/tensor of `dst_graph` corresponding to `target` by name.
+
+    The name of `target` has `src_scope` replaced by `dst_scope`.
+
+    Args:
+      target: an op or a tensor.
+      dst_graph: the graph to look in.
+      dst_scope: the destination scope.
+      src_scope: the source scope.
+
+    Returns:
+      The corresponding op or tensor.
+
+    Raises:
+      TypeError: if `target` is neither an op nor a tensor.
+      KeyError / ValueError: if no element has the corresponding name.
+    """
+    src_name = target.name
+    if src_scope:
+        src_scope = scope_finalize(src_scope)
+        if not src_name.startswith(src_scope):
+            raise ValueError("{} does not start with {}".format(src_name, src_scope))
+        src_name = src_name[len(src_scope):]
+    dst_name = src_name
+    if dst_scope:
+        dst_name = scope_finalize(dst_scope) + dst_name
+    if isinstance(target, tf.Tensor):
+        return dst_graph.get_tensor_by_name(dst_name)
+    if isinstance(target, tf.Operation):
+        return dst_graph.get_operation_by_name(dst_name)
+    raise TypeError("Expected tf.Tensor or tf.Operation, got: {}".format(type(target)))
+
+
+def find_corresponding(targets, dst_graph: tf.Graph, dst_scope: str = "",
+                       src_scope: str = ""):
+    """Maps `find_corresponding_elem` over a tree of ops/tensors."""
+    def func(top):
+        return find_corresponding_elem(top, dst_graph, dst_scope, src_scope)
+    return transform_tree(targets, func)
+
+
+def get_temp_name(graph: tf.Graph, base: str) -> str:
+    """Returns an op name not used in `graph`, from `base` (not reserved)."""
+    return graph.unique_name(base, mark_as_used=False)
