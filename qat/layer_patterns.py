@@ -1,0 +1,184 @@
+"""Layer and batch-norm patterns, declared once as data for fold and quantize.
+
+Everything here is a `qat.matcher` pattern object (or a tuple of op types)
+plus tiny accessor helpers; the passes own the logic. Names bound by the
+patterns (look them up with `MatchResult.get_op(name)` / `get_tensor(name)`):
+
+LAYER_CHAIN, rooted at the tensor a batch norm reads (the "pre-BN" tensor)::
+
+    [SpaceToBatchND ->] layer ("layer", weights: "weights")
+        [-> BatchToSpaceND ("batch_to_space")]      atrous convolution
+        [-> Identity ("layer_identity")]
+        [-> BiasAdd | Add | AddV2 ("bias_add", vector: "bias")]
+        [-> Reshape ("reshape")]                    MatMul feeding a 4-D BN
+
+  The layer ops are Conv2D, MatMul and DepthwiseConv2dNative; weights and
+  biases are "parameters": a ReadVariableOp (resource variable), an Identity
+  of a VariableV2 (ref variable, the `/read` op) or a Const, each optionally
+  behind one Identity. Whether a bias really is a per-channel vector is for
+  the pass to check (shapes are not part of the pattern).
+
+FUSED_BATCH_NORM: FusedBatchNorm / V2 / V3 ("batch_norm") reading
+  "bn_input", "gamma", "beta", "mean", "variance" (inputs 0..4).
+
+UNFUSED_BATCH_NORM, the arithmetic of `tf.nn.batch_normalization` (also what
+`tf.compat.v1.layers.batch_normalization(fused=False)` and tf_keras
+`BatchNormalization(fused=False)` emit)::
+
+    inv    = Rsqrt(AddV2(variance, epsilon)) [* gamma]        ("rsqrt", "inv")
+    output = AddV2(Mul(bn_input, inv),                         ("scaled")
+                   Sub(beta, Mul(mean, inv)) | Mul(Neg(mean), inv))  ("offset")
+
+  Root "batch_norm" is the final AddV2; "gamma"/"beta" are unbound without
+  scale/center.
+
+The quantize pass adds its activation / residual patterns in the section at
+the end of this file.
+"""
+from typing import List, Optional
+
+import tensorflow as tf
+
+from qat.matcher import OneofPattern, OpTypePattern
+
+# The ops whose weights are folded and quantized.
+LAYER_TYPES = ("Conv2D", "MatMul", "DepthwiseConv2dNative")
+FUSED_BATCH_NORM_TYPES = ("FusedBatchNorm", "FusedBatchNormV2",
+                          "FusedBatchNormV3")
+# Ops that hold or read a variable's value.
+VARIABLE_READ_TYPES = ("ReadVariableOp",)
+REF_VARIABLE_TYPES = ("VariableV2", "Variable")
+
+
+def _parameter(name: str) -> OneofPattern:
+    """A weight or bias: a variable read or a constant, maybe behind Identity."""
+    direct = OneofPattern([
+        OpTypePattern("ReadVariableOp"),
+        OpTypePattern("Identity", inputs=[OpTypePattern("|".join(REF_VARIABLE_TYPES))]),
+        OpTypePattern("Const"),
+    ])
+    return OneofPattern([direct, OpTypePattern("Identity", inputs=[direct])],
+                        name=name)
+
+
+WEIGHTS = _parameter("weights")
+BIAS = _parameter("bias")
+
+LAYER = OpTypePattern("|".join(LAYER_TYPES), name="layer",
+                      inputs=["*", WEIGHTS])
+ATROUS_LAYER = OpTypePattern("BatchToSpaceND", name="batch_to_space",
+                             inputs=[LAYER, "*", "*"])
+LAYER_OUTPUT = OneofPattern([ATROUS_LAYER, LAYER], name="layer_output")
+_LAYER_IDENTITY = OneofPattern([
+    OpTypePattern("Identity", name="layer_identity", inputs=[LAYER_OUTPUT]),
+    LAYER_OUTPUT,
+])
+_BIASED = OneofPattern([
+    OpTypePattern("BiasAdd", name="bias_add", inputs=[_LAYER_IDENTITY, BIAS]),
+    OpTypePattern("Add|AddV2", name="bias_add", inputs=[_LAYER_IDENTITY, BIAS],
+                  ordered_inputs=False),
+    _LAYER_IDENTITY,
+])
+# Rooted at the op producing the batch norm's input.
+LAYER_CHAIN = OneofPattern([
+    OpTypePattern("Reshape", name="reshape", inputs=[_BIASED, "*"]),
+    _BIASED,
+])
+
+FUSED_BATCH_NORM = OpTypePattern(
+    "|".join(FUSED_BATCH_NORM_TYPES), name="batch_norm",
+    inputs=[OpTypePattern("*", name="bn_input"),
+            OpTypePattern("*", name="gamma"),
+            OpTypePattern("*", name="beta"),
+            OpTypePattern("*", name="mean"),
+            OpTypePattern("*", name="variance")])
+
+
+def _unfused_batch_norm() -> OpTypePattern:
+    bn_input = OpTypePattern("*", name="bn_input")
+    mean = OpTypePattern("*", name="mean")
+    rsqrt = OpTypePattern("Rsqrt", name="rsqrt", inputs=[
+        OpTypePattern("Add|AddV2", inputs=[
+            OpTypePattern("*", name="variance"),
+            OpTypePattern("Const", name="epsilon")])])
+    inv = OneofPattern([
+        OpTypePattern("Mul", inputs=[rsqrt, OpTypePattern("*", name="gamma")],
+                      ordered_inputs=False),
+        rsqrt,
+    ], name="inv")
+    scaled = OpTypePattern("Mul", name="scaled", inputs=[bn_input, inv],
+                           ordered_inputs=False)
+    offset = OneofPattern([
+        OpTypePattern("Sub", inputs=[
+            OpTypePattern("*", name="beta"),
+            OpTypePattern("Mul", inputs=[mean, inv], ordered_inputs=False)]),
+        OpTypePattern("Mul", inputs=[OpTypePattern("Neg", inputs=[mean]), inv],
+                      ordered_inputs=False),
+    ], name="offset")
+    return OpTypePattern("Add|AddV2", name="batch_norm",
+                         inputs=[scaled, offset], ordered_inputs=False)
+
+
+UNFUSED_BATCH_NORM = _unfused_batch_norm()
+
+
+def layer_ops(graph: tf.Graph) -> List[tf.Operation]:
+    """Returns every Conv2D, MatMul and DepthwiseConv2dNative op of `graph`.
+
+    Args:
+      graph: the graph to scan.
+
+    Returns:
+      The layer ops in creation order.
+    """
+    wanted = frozenset(LAYER_TYPES)
+    return [op for op in graph.get_operations() if op.type in wanted]
+
+
+def weight_input(layer_op: tf.Operation) -> tf.Tensor:
+    """Returns the weight tensor a layer op reads (its input 1).
+
+    After `fold_batch_norms` this is the folded weight `w * scale`.
+
+    Args:
+      layer_op: a Conv2D, MatMul or DepthwiseConv2dNative op.
+
+    Returns:
+      The filter / right-hand matrix tensor.
+
+    Raises:
+      ValueError: if `layer_op` is not a layer op.
+    """
+    if layer_op.type not in LAYER_TYPES:
+        raise ValueError("%s (%s) is not a layer op; expected one of %s."
+                         % (layer_op.name, layer_op.type, ", ".join(LAYER_TYPES)))
+    return layer_op.inputs[1]
+
+
+def is_parameter(tensor: tf.Tensor) -> bool:
+    """True if `tensor` is a variable read or a constant (maybe via Identity)."""
+    op = tensor.op
+    if op.type == "Identity" and op.inputs[0].op.type in (
+            "ReadVariableOp", "Identity", "Const"):
+        op = op.inputs[0].op
+    if op.type in ("ReadVariableOp", "Const"):
+        return True
+    return op.type == "Identity" and op.inputs[0].op.type in REF_VARIABLE_TYPES
+
+
+def output_channels(layer_op: tf.Operation) -> Optional[int]:
+    """The static number of output channels of a layer op, None if unknown."""
+    w_shape = weight_input(layer_op).shape
+    if w_shape.rank is None:
+        return None
+    if layer_op.type == "DepthwiseConv2dNative":
+        if w_shape[2] is None or w_shape[3] is None:
+            return None
+        return w_shape[2] * w_shape[3]
+    if layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
+        return w_shape[0]
+    return w_shape[-1]
+
+
+# --- Activations and residual adds (quantize pass) --------------------------
+# Add the quantize pass's patterns here, as data like the ones above.
