@@ -1,0 +1,165 @@
+"""Converting a frozen eval graph to a fully integer TFLite model.
+
+Two flavours, both from the FakeQuant ranges trained by qat:
+  * "uint8": the legacy (TF1) integer model: `inference_type=tf.uint8` with
+    `quantized_input_stats`; uint8 input and output tensors.
+  * "int8": `optimizations=[tf.lite.Optimize.DEFAULT]` with int8 kernels; float
+    input/output (QUANTIZE/DEQUANTIZE at the edges) unless `int8_io=True`.
+"""
+import os
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from qat.export.errors import ConversionError, ExportError
+from qat.export.freeze import check_tensor_names, op_name, tensor_name
+
+FLAVOURS = ("uint8", "int8")
+_FAKE_QUANT_OPS = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs"])
+_PASS_THROUGH_OPS = frozenset(["Identity", "Reshape"])
+
+
+def _const_value(graph_def: tf.compat.v1.GraphDef, name: str) -> Optional[np.ndarray]:
+    nodes = {n.name: n for n in graph_def.node}
+    node = nodes.get(op_name(name))
+    while node is not None and node.op == "Identity":
+        node = nodes.get(op_name(node.input[0]))
+    if node is None or node.op != "Const":
+        return None
+    return tf.make_ndarray(node.attr["value"].tensor)
+
+
+def input_range_from_fake_quant(graph_def: tf.compat.v1.GraphDef, input_name: str
+                                ) -> Optional[Tuple[float, float]]:
+    """Returns the (min, max) of a FakeQuant reading `input_name` directly.
+
+    Looks through Identity/Reshape consumers. Returns None when the input feeds
+    no FakeQuant (contrib never quantizes the model input: pass its range).
+    """
+    consumers: Dict[str, list] = {}
+    for node in graph_def.node:
+        for inp in node.input:
+            consumers.setdefault(op_name(inp), []).append(node)
+    frontier = [op_name(input_name)]
+    seen = set()
+    while frontier:
+        name = frontier.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in consumers.get(name, []):
+            if node.op == "FakeQuantWithMinMaxArgs":
+                return float(node.attr["min"].f), float(node.attr["max"].f)
+            if node.op == "FakeQuantWithMinMaxVars":
+                lo = _const_value(graph_def, node.input[1])
+                hi = _const_value(graph_def, node.input[2])
+                if lo is not None and hi is not None and lo.size == 1:
+                    return float(lo), float(hi)
+            if node.op in _PASS_THROUGH_OPS:
+                frontier.append(node.name)
+    return None
+
+
+def quantized_input_stats(input_range: Tuple[float, float], flavour: str
+                          ) -> Tuple[float, float]:
+    """Converts a real input range to the converter's (mean, std_dev).
+
+    The converter maps real = (q - mean) / std_dev; uint8 q spans [0, 255],
+    int8 q spans [-128, 127].
+
+    Raises:
+      ExportError: the range is empty or reversed.
+    """
+    lo, hi = float(input_range[0]), float(input_range[1])
+    if not hi > lo:
+        raise ExportError(f"input range ({lo}, {hi}) is empty: pass (min, max) with min < max")
+    std = 255.0 / (hi - lo)
+    mean = -lo * std
+    if flavour == "int8":
+        mean -= 128.0
+    return mean, std
+
+
+def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
+                         input_names: Sequence[str],
+                         output_names: Sequence[str],
+                         flavour: str,
+                         input_ranges: Optional[Mapping[str, Tuple[float, float]]] = None,
+                         int8_io: bool = False) -> bytes:
+    """Converts a frozen eval graph to a TFLite flatbuffer.
+
+    Args:
+      graph_def: frozen GraphDef (see freeze.py) with the FakeQuant ops.
+      input_names: input tensor names (placeholders).
+      output_names: output tensor names.
+      flavour: "uint8" (legacy quantized_input_stats model) or "int8".
+      input_ranges: {input name: (min, max)} of the real input values. An input
+        missing here takes the range of the FakeQuant that reads it, if any.
+      int8_io: for "int8", make the model's input and output int8 instead of
+        float.
+
+    Returns:
+      The .tflite model bytes.
+
+    Raises:
+      TensorNameError: a name is not in the graph.
+      ExportError: an input has no range, or the flavour is unknown.
+      ConversionError: the converter failed (its message is included).
+    """
+    if flavour not in FLAVOURS:
+        raise ExportError(f"unknown flavour {flavour!r}: use one of {FLAVOURS}")
+    check_tensor_names(graph_def, input_names, "input")
+    check_tensor_names(graph_def, output_names, "output")
+    ranges = {op_name(k): v for k, v in (input_ranges or {}).items()}
+    stats = {}
+    for name in input_names:
+        rng = ranges.get(op_name(name)) or input_range_from_fake_quant(graph_def, name)
+        if rng is None:
+            raise ExportError(
+                f"input {name!r} has no range: it feeds no FakeQuant op, so give the real "
+                f"values its quantized form spans, e.g. input_ranges={{{op_name(name)!r}: "
+                "(0.0, 1.0)}} (CLI: --input_range=0,1)")
+        stats[op_name(name)] = quantized_input_stats(rng, flavour)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        try:
+            tf.import_graph_def(graph_def, name="")
+        except (ValueError, tf.errors.OpError) as e:
+            raise ConversionError(f"cannot import the frozen graph: {e}") from e
+        inputs = [graph.get_tensor_by_name(tensor_name(n)) for n in input_names]
+        outputs = [graph.get_tensor_by_name(tensor_name(n)) for n in output_names]
+        with tf.compat.v1.Session(graph=graph) as sess:
+            try:
+                converter = tf.compat.v1.lite.TFLiteConverter.from_session(
+                    sess, inputs, outputs)
+            except ValueError as e:
+                raise ConversionError(f"TFLite converter set-up failed: {e}") from e
+    if flavour == "uint8":
+        converter.inference_type = tf.uint8
+    else:
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.inference_type = tf.int8
+        if int8_io:
+            converter.inference_input_type = tf.int8
+            converter.inference_output_type = tf.int8
+    converter.quantized_input_stats = {
+        # The converter keys the stats by the tensor name it reports for the input.
+        t.name.split(":")[0]: stats[op_name(t.name)] for t in inputs}
+    try:
+        return converter.convert()
+    except Exception as e:  # The converter raises several unrelated types.
+        raise ConversionError(
+            f"TFLite {flavour} conversion of outputs {list(output_names)} failed: "
+            f"{type(e).__name__}: {str(e)[:2000]}") from e
+
+
+def write_model(model: bytes, path: str) -> str:
+    """Writes model bytes to `path` (parent directories created); returns path."""
+    parent = os.path.dirname(path)
+    if parent:
+        tf.io.gfile.makedirs(parent)
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(model)
+    return path

@@ -1,0 +1,49 @@
+"""Errors raised by the export pipeline.
+
+Every error names the file, tensor or op at fault and says what to do; none
+of them leaves a user's graph modified (export works on copies).
+"""
+
+
+class ExportError(ValueError):
+    """Base class: the export could not be done as asked."""
+
+
+class GraphLoadError(ExportError):
+    """A graph file is missing, unreadable or not a GraphDef/MetaGraphDef."""
+
+
+class CheckpointError(ExportError):
+    """A checkpoint is missing or lacks a variable the model reads."""
+
+
+class TensorNameError(ExportError):
+    """An input or output name does not exist in the graph."""
+
+
+class ConversionError(ExportError):
+    """The TFLite converter rejected the frozen graph."""
+
+
+class FloatOpError(ExportError):
+    """A model meant to be fully integer still computes in float.
+
+    Attributes:
+      float_ops: the offending `FloatOp` records (TFLite op and TF ops).
+    """
+
+    def __init__(self, message: str, float_ops=()):
+        super().__init__(message)
+        self.float_ops = list(float_ops)
+
+
+class ParityError(ExportError):
+    """The TFLite model disagrees with the eval graph beyond a threshold.
+
+    Attributes:
+      report: the `ParityReport` that failed.
+    """
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report

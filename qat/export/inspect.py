@@ -1,0 +1,208 @@
+"""Reading a .tflite model back: its operators, tensor types, float leftovers.
+
+A model meant to be fully integer that still holds a float compute op means
+some TF tensor had no FakeQuant range ("lacking min/max data"): the converter
+of TF 2.21 silently keeps such ops in float. `check_fully_integer` finds them
+and names the TF ops they came from.
+"""
+import collections
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+from ai_edge_litert import interpreter as litert
+
+from qat.export.errors import FloatOpError
+
+_FLOAT_TYPES = (np.float16, np.float32, np.float64)
+
+
+@dataclasses.dataclass
+class TensorInfo:
+    """One tensor of the model: index, name, numpy dtype, shape, quantization."""
+    index: int
+    name: str
+    dtype: type
+    shape: Tuple[int, ...]
+    scale: float
+    zero_point: int
+
+
+@dataclasses.dataclass
+class OpInfo:
+    """One operator: builtin name, input and output tensor indices and types."""
+    index: int
+    name: str
+    inputs: List[int]
+    outputs: List[int]
+    input_types: List[type]
+    output_types: List[type]
+
+
+@dataclasses.dataclass
+class ModelReport:
+    """Everything `describe_model` read from a flatbuffer."""
+    ops: List[OpInfo]
+    tensors: Dict[int, TensorInfo]
+    inputs: List[int]
+    outputs: List[int]
+    size_bytes: int
+
+    def op_counts(self) -> Dict[str, int]:
+        """Returns {builtin op name: count}, in order of first appearance."""
+        return dict(collections.Counter(op.name for op in self.ops))
+
+    def format(self) -> str:
+        """Returns a readable listing: one line per op with its tensor types."""
+        lines = [f"{len(self.ops)} ops, {len(self.tensors)} tensors, {self.size_bytes} bytes"]
+        for op in self.ops:
+            ins = ", ".join(f"{self.tensors[i].name}:{np.dtype(t).name}"
+                            for i, t in zip(op.inputs, op.input_types))
+            outs = ", ".join(f"{self.tensors[i].name}:{np.dtype(t).name}"
+                             for i, t in zip(op.outputs, op.output_types))
+            lines.append(f"  #{op.index:<3} {op.name:<18} ({ins}) -> ({outs})")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class FloatOp:
+    """A TFLite op computing in float, with the TF ops it was converted from."""
+    tflite_index: int
+    tflite_op: str
+    float_tensors: List[str]
+    tf_ops: List[Tuple[str, str]]  # (name, type) in the frozen graph, when known.
+
+    def describe(self) -> str:
+        """Returns a one-line description naming the TF op(s)."""
+        if self.tf_ops:
+            tf_part = ", ".join(f"{name!r} ({kind})" for name, kind in self.tf_ops)
+        else:
+            tf_part = ", ".join(repr(n) for n in self.float_tensors)
+        return (f"TFLite {self.tflite_op} (op #{self.tflite_index}) computes in float; "
+                f"TF op(s) without a range: {tf_part}")
+
+
+def make_interpreter(model: bytes, num_threads: Optional[int] = None) -> litert.Interpreter:
+    """Returns an Interpreter on `model` with the builtin kernels only.
+
+    No XNNPACK delegate, so op listings show the model's own operators and the
+    integer kernels are the reference ones a device would run.
+    """
+    return litert.Interpreter(
+        model_content=model, num_threads=num_threads,
+        experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+
+
+def describe_model(model: bytes) -> ModelReport:
+    """Lists the operators and tensors of a .tflite flatbuffer.
+
+    Args:
+      model: the model bytes.
+
+    Returns:
+      A ModelReport.
+    """
+    interp = make_interpreter(model)
+    interp.allocate_tensors()
+    tensors = {}
+    for t in interp.get_tensor_details():
+        scale, zero_point = t["quantization"]
+        tensors[t["index"]] = TensorInfo(t["index"], t["name"], t["dtype"],
+                                         tuple(int(d) for d in t["shape"]),
+                                         float(scale), int(zero_point))
+    ops = []
+    for op in interp._get_ops_details():  # pylint: disable=protected-access
+        inputs = [int(i) for i in op["inputs"] if i >= 0]
+        outputs = [int(i) for i in op["outputs"] if i >= 0]
+        ops.append(OpInfo(int(op["index"]), op["op_name"], inputs, outputs,
+                          [tensors[i].dtype for i in inputs],
+                          [tensors[i].dtype for i in outputs]))
+    return ModelReport(ops, tensors,
+                       [d["index"] for d in interp.get_input_details()],
+                       [d["index"] for d in interp.get_output_details()],
+                       len(model))
+
+
+def _is_float(dtype) -> bool:
+    return any(dtype == t for t in _FLOAT_TYPES)
+
+
+def _tf_ops_for(tensor_name: str, nodes: Dict[str, str]) -> List[Tuple[str, str]]:
+    """Maps a TFLite tensor name ("Relu;Conv2D", "res/add") to frozen-graph ops."""
+    found = []
+    for part in tensor_name.split(";"):
+        part = part.split(":")[0]
+        if part in nodes and (part, nodes[part]) not in found:
+            found.append((part, nodes[part]))
+    return found
+
+
+def find_float_ops(report: ModelReport,
+                   graph_def: Optional[tf.compat.v1.GraphDef] = None) -> List[FloatOp]:
+    """Returns the ops of `report` that compute in float.
+
+    QUANTIZE ops reading a model input and DEQUANTIZE ops writing a model output
+    are the model's float interface, not compute, and are not reported.
+
+    Args:
+      report: from describe_model.
+      graph_def: the frozen graph the model came from, to name the TF ops.
+
+    Returns:
+      One FloatOp per float compute op, in execution order.
+    """
+    nodes = {n.name: n.op for n in graph_def.node} if graph_def is not None else {}
+    model_inputs, model_outputs = set(report.inputs), set(report.outputs)
+    found = []
+    for op in report.ops:
+        if op.name == "QUANTIZE" and set(op.inputs) <= model_inputs:
+            continue
+        if op.name == "DEQUANTIZE" and set(op.outputs) <= model_outputs:
+            continue
+        if op.name == "DEQUANTIZE":
+            continue  # Not compute itself; the float op reading its output is reported.
+        float_inputs = [i for i, t in zip(op.inputs, op.input_types) if _is_float(t)]
+        float_outputs = [i for i, t in zip(op.outputs, op.output_types) if _is_float(t)]
+        if not float_inputs and not float_outputs:
+            continue
+        names = [report.tensors[i].name for i in (float_outputs or float_inputs)]
+        tf_ops = []
+        for name in names:
+            tf_ops.extend(x for x in _tf_ops_for(name, nodes) if x not in tf_ops)
+        found.append(FloatOp(op.index, op.name, names, tf_ops))
+    return found
+
+
+def check_fully_integer(model: bytes,
+                        graph_def: Optional[tf.compat.v1.GraphDef] = None,
+                        label: str = "model") -> ModelReport:
+    """Raises FloatOpError unless every compute op of `model` is integer.
+
+    Args:
+      model: .tflite bytes meant to be fully integer.
+      graph_def: the frozen graph it came from, to name the TF ops.
+      label: how to call the model in the message (e.g. its file name).
+
+    Returns:
+      The ModelReport, when the model is fully integer.
+
+    Raises:
+      FloatOpError: listing every float op and the TF op(s) lacking a range.
+    """
+    report = describe_model(model)
+    float_ops = find_float_ops(report, graph_def)
+    if float_ops:
+        lines = "\n  ".join(f.describe() for f in float_ops)
+        raise FloatOpError(
+            f"{label} is not fully integer: {len(float_ops)} op(s) still compute in float "
+            f"because their TF tensors had no min/max range (no FakeQuant after them):\n  "
+            f"{lines}\nQuantize those ops in the eval graph (a FakeQuant on each output; with "
+            "qat, report the op pattern the quantize pass missed) and convert again.",
+            float_ops)
+    return report
+
+
+def tensor_types(report: ModelReport, indices: Sequence[int]) -> List[str]:
+    """Returns the numpy dtype names of the given tensors."""
+    return [np.dtype(report.tensors[i].dtype).name for i in indices]

@@ -1,0 +1,98 @@
+"""One call from an eval graph to checked .tflite files: freeze, convert,
+verify integer-only, optionally compare with the graph."""
+import dataclasses
+import os
+import time
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from qat.export import convert, freeze, inspect, parity
+from qat.export.errors import ExportError
+
+
+@dataclasses.dataclass
+class ExportedModel:
+    """One converted flavour."""
+    flavour: str
+    path: str
+    model: bytes
+    report: "inspect.ModelReport"
+    parity: Optional["parity.ParityReport"]
+    convert_seconds: float
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.model)
+
+
+def export_tflite(input_names: Sequence[str],
+                  output_names: Sequence[str],
+                  output_dir: str,
+                  sess: Optional[tf.compat.v1.Session] = None,
+                  graph_path: Optional[str] = None,
+                  checkpoint: Optional[str] = None,
+                  flavours: Sequence[str] = convert.FLAVOURS,
+                  name: str = "model",
+                  input_ranges: Optional[Mapping[str, Tuple[float, float]]] = None,
+                  int8_io: bool = False,
+                  require_integer: bool = True,
+                  parity_inputs: Optional[np.ndarray] = None,
+                  min_top1_agreement: Optional[float] = None,
+                  max_diff_steps: Optional[float] = None) -> Dict[str, ExportedModel]:
+    """Exports an eval graph (from create_eval_graph) to integer TFLite models.
+
+    Give either a live `sess` (its variables hold the trained values) or a
+    `graph_path` (.meta, .pb, .pbtxt) with a `checkpoint`.
+
+    Args:
+      input_names, output_names: tensor names of the eval graph.
+      output_dir: where `<name>_<flavour>.tflite` files are written.
+      sess: a session on the eval graph with restored variables.
+      graph_path: a graph file, when no session is given.
+      checkpoint: checkpoint prefix or directory for `graph_path`.
+      flavours: any of "uint8", "int8".
+      name: file name stem.
+      input_ranges: {input: (min, max)} real input ranges; see
+        convert.convert_frozen_graph.
+      int8_io: int8 instead of float input/output for the int8 flavour.
+      require_integer: raise FloatOpError if an op is left in float.
+      parity_inputs: if given, run the models and the graph on these inputs.
+      min_top1_agreement, max_diff_steps: parity thresholds (ParityError).
+
+    Returns:
+      {flavour: ExportedModel}.
+
+    Raises:
+      ExportError and its subclasses (see qat.export.errors).
+    """
+    if (sess is None) == (graph_path is None):
+        raise ExportError("give exactly one of sess= (a live session) or graph_path=")
+    for flavour in flavours:
+        if flavour not in convert.FLAVOURS:
+            raise ExportError(f"unknown flavour {flavour!r}: use one of {convert.FLAVOURS}")
+    if sess is not None:
+        freeze.check_tensor_names(sess.graph, input_names, "input")
+        frozen = freeze.freeze_session(sess, output_names)
+    else:
+        frozen = freeze.freeze_graph_file(graph_path, checkpoint, output_names)
+    freeze.check_tensor_names(frozen, input_names, "input")
+    results = {}
+    for flavour in flavours:
+        start = time.perf_counter()
+        model = convert.convert_frozen_graph(frozen, input_names, output_names, flavour,
+                                             input_ranges=input_ranges, int8_io=int8_io)
+        seconds = time.perf_counter() - start
+        path = convert.write_model(model, os.path.join(output_dir, f"{name}_{flavour}.tflite"))
+        if require_integer:
+            report = inspect.check_fully_integer(model, frozen, label=path)
+        else:
+            report = inspect.describe_model(model)
+        parity_report = None
+        if parity_inputs is not None:
+            parity_report = parity.check_parity(
+                model, frozen, input_names[0], output_names[0], parity_inputs,
+                min_top1_agreement=min_top1_agreement, max_diff_steps=max_diff_steps)
+        results[flavour] = ExportedModel(flavour, path, model, report, parity_report, seconds)
+    return results
