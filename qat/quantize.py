@@ -1,0 +1,516 @@
+"""The insert_quant_ops pass: FakeQuant ops on weights and activations.
+
+The pass first plans every quantizer on the unchanged graph (so a bad input
+leaves the graph untouched), then builds them and reroutes consumers.
+
+What gets a range (names as in `tf.contrib.quantize`; ctx is the scope of the
+layer op, `net/conv1` for `net/conv1/Conv2D`):
+
+* the weights of every Conv2D, MatMul and DepthwiseConv2dNative, once even if
+  several layers share them: `<ctx>/weights_quant` (last value, narrow range);
+* the layer output after its activation (Relu, Relu6, Identity, LeakyRelu):
+  `<ctx>/act_quant`; without activation, the layer output itself (final
+  layers, the depthwise half of a separable conv): `<ctx>/act_quant`;
+* a layer output feeding a residual add: `<ctx>/conv_quant`; the add output:
+  `<add ctx>/add_quant`, or `<add ctx>/act_quant` after its activation, or
+  `<add ctx>/post_activation_bypass_quant` when the add follows the
+  activation;
+* what contrib missed and TFLite needs for a fully integer model: concat
+  outputs (`concat_quant`), Mean outputs (global average pooling,
+  `mean_quant`), residual adds of plain activations (`add_quant`) and the
+  graph input that feeds a layer (`input_quant`), each under the scope of the
+  op producing the tensor.
+
+Layers are found with `qat.layer_patterns`; the pass then walks forward from
+each layer op through its "tail" (bias add, batch norm, the fold pass's
+training tail of divide-by-scale, batch norm and Select) to the activation or
+residual add. An op joins a layer's tail only if all its data inputs come from
+that tail, which is what tells a bias add (parameter operand) from a residual
+add (data operand). Gradient ops - those `tf.gradients` built (they record
+their forward op), gradient kernels, and everything downstream of them - never
+get FakeQuant ops and keep reading float tensors.
+"""
+import collections
+import dataclasses
+from typing import Dict, List, Optional, Set
+
+import tensorflow as tf
+
+from qat import layer_patterns
+from qat import quant_ops
+from qat import quantize_patterns as qp
+
+
+@dataclasses.dataclass
+class _Plan:
+    tensor: tf.Tensor
+    prefix: str
+    is_weight: bool
+    init_min: float
+    consumers: List[tf.Operation]  # Ops whose inputs are rerouted.
+    per_channel: bool = False
+
+
+def _context(op: tf.Operation) -> str:
+    return op.name.rsplit("/", 1)[0] if "/" in op.name else ""
+
+
+def _own_context(op: tf.Operation) -> str:
+    """The op's scope, or its own name for ops at the root."""
+    return _context(op) or op.name
+
+
+def _join(ctx: str, kind: str) -> str:
+    return ctx + "/" + kind if ctx else kind
+
+
+def _in_scope(op: tf.Operation, scope: Optional[str]) -> bool:
+    return not scope or op.name.startswith(scope)
+
+
+def _is_float(t: tf.Tensor) -> bool:
+    return t.dtype.base_dtype in (tf.float32, tf.float16, tf.bfloat16,
+                                  tf.float64)
+
+
+def _reaches(start: tf.Operation, target: tf.Operation, depth: int = 5) -> bool:
+    frontier = [start]
+    for _ in range(depth):
+        nxt = []
+        for op in frontier:
+            if op is target:
+                return True
+            for out in op.outputs:
+                nxt.extend(out.consumers())
+        frontier = nxt
+    return any(op is target for op in frontier)
+
+
+def existing_quantizer(t: tf.Tensor):
+    """Finds the quantizer an earlier pass put on `t`.
+
+    Returns:
+      (output tensor consumers read, set of quantizer ops reading `t`), or
+      (None, empty set) when `t` has no quantizer.
+    """
+    fake_quant = None
+    reshape = None
+    for c in t.consumers():
+        if c.type in quant_ops.FAKE_QUANT_TYPES and c.inputs[0] is t:
+            fake_quant = c
+        elif c.type == "Reshape":
+            for cc in c.outputs[0].consumers():
+                if cc.type in quant_ops.FAKE_QUANT_TYPES:
+                    fake_quant, reshape = cc, c
+    if fake_quant is None:
+        return None, set()
+    out = fake_quant.outputs[0]
+    if reshape is not None:
+        back = [c for c in out.consumers() if c.type == "Reshape"]
+        if back:
+            out = back[0].outputs[0]
+    internal = {fake_quant}
+    if reshape is not None:
+        internal.add(reshape)
+    for c in out.consumers():
+        if c.type in ("Select", "SelectV2") and c.inputs[2] is t:
+            internal.add(c)
+            out = c.outputs[0]
+    for c in t.consumers():
+        if c.type in ("Min", "Max") and _reaches(c, fake_quant):
+            internal.add(c)
+    return out, internal
+
+
+def is_quantized_output(t: tf.Tensor) -> bool:
+    """True if `t` is the output of a quantizer (FakeQuant or its delay)."""
+    op = t.op
+    if op.type in quant_ops.FAKE_QUANT_TYPES:
+        return True
+    if op.type in ("Select", "SelectV2", "Reshape"):
+        return any(i.op.type in quant_ops.FAKE_QUANT_TYPES for i in op.inputs)
+    return False
+
+
+class _Planner(object):
+    """Plans the quantizers of one graph without changing it."""
+
+    def __init__(self, graph, is_training, scope, per_channel):
+        self.graph = graph
+        self.is_training = is_training
+        self.scope = scope
+        self.per_channel = per_channel
+        self.plans: "collections.OrderedDict[tf.Tensor, _Plan]" = (
+            collections.OrderedDict())
+        self.prefixes: Set[str] = set()
+        self.tail_ops: Set[tf.Operation] = set()
+        ops = graph.get_operations()
+        self.gradient_ops = self._gradient_ops(ops)
+        self.layers = [op for op in layer_patterns.layer_ops(graph)
+                       if op not in self.gradient_ops]
+        self.data_ops = self._data_ops(ops)
+
+    # --- Graph analysis -----------------------------------------------------
+
+    @staticmethod
+    def _forward_closure(seeds) -> Set[tf.Operation]:
+        seen = set(seeds)
+        stack = list(seeds)
+        while stack:
+            op = stack.pop()
+            for out in op.outputs:
+                for c in out.consumers():
+                    if c not in seen:
+                        seen.add(c)
+                        stack.append(c)
+        return seen
+
+    def _gradient_ops(self, ops) -> Set[tf.Operation]:
+        # tf.gradients builds each gradient function under its forward op
+        # (recorded as `_original_op`); imported graphs lose that, so gradient
+        # kernels (ReluGrad, Conv2DBackpropInput, ...) are seeds as well.
+        seeds = [op for op in ops
+                 if getattr(op, "_original_op", None) is not None
+                 or qp.is_gradient_kernel(op)]
+        return self._forward_closure(seeds)
+
+    def _data_ops(self, ops) -> Set[tf.Operation]:
+        seeds = list(self.layers)
+        seeds.extend(layer.inputs[0].op for layer in self.layers)
+        seeds.extend(op for op in ops if op.type in qp.INPUT_TYPES
+                     and any(_is_float(o) for o in op.outputs))
+        return self._forward_closure(seeds)
+
+    def _is_data(self, t: tf.Tensor) -> bool:
+        return t.op in self.data_ops
+
+    def _consumers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
+        """Consumers a quantizer of `t` reroutes (also via an old quantizer)."""
+        out, internal = existing_quantizer(t)
+        found = [c for c in t.consumers() if c not in internal]
+        if out is not None:
+            found.extend(out.consumers())
+        result = []
+        for c in found:
+            if (c in exclude or c in self.gradient_ops or c in result
+                    or qp.is_state_update(c)):
+                continue
+            result.append(c)
+        return result
+
+    def _walk_tail(self, layer: tf.Operation):
+        """Returns (tail ops, layer output tensor) of a layer op."""
+        tail = {layer}
+        stack = [layer]
+        while stack:
+            op = stack.pop()
+            for out in op.outputs:
+                for c in out.consumers():
+                    if (c in tail or c in self.gradient_ops
+                            or c.type not in qp.TAIL_TYPES):
+                        continue
+                    if all(i.op in tail or not self._is_data(i)
+                           for i in c.inputs):
+                        tail.add(c)
+                        stack.append(c)
+        self._prune_reshaping_leaves(layer, tail)
+        exits = []
+        for op in tail:
+            for out in op.outputs:
+                if not _is_float(out):
+                    continue
+                outside = [c for c in out.consumers()
+                           if c not in tail and c not in self.gradient_ops
+                           and not qp.is_state_update(c)
+                           and c.type not in qp.METADATA_TYPES]
+                if outside:
+                    exits.append(out)
+        rank = layer.outputs[0].shape.rank
+        same_rank = [t for t in exits if t.shape.rank == rank]
+        exits = same_rank or exits
+        if not exits:
+            return tail, None
+        exits.sort(key=lambda t: (t.op._id, t.value_index))  # pylint: disable=protected-access
+        return tail, exits[-1]
+
+    def _prune_reshaping_leaves(self, layer, tail) -> None:
+        """Drops reshaping ops that end a tail (global pooling, flatten).
+
+        `conv -> Mean` or `conv -> Reshape -> MatMul` leave the layer there;
+        the conv output, not the pooled one, is the layer output.
+        """
+        changed = True
+        while changed:
+            changed = False
+            for op in list(tail):
+                if op is layer or op.type not in qp.RESHAPING_TYPES:
+                    continue
+                consumers = [c for out in op.outputs for c in out.consumers()
+                             if c not in self.gradient_ops]
+                if (not any(c in tail for c in consumers) and any(
+                        not qp.is_state_update(c) for c in consumers)):
+                    tail.discard(op)
+                    changed = True
+
+    # --- Planning -----------------------------------------------------------
+
+    def _unique_prefix(self, prefix: str) -> str:
+        candidate, i = prefix, 0
+        while candidate in self.prefixes or self._name_taken(candidate):
+            i += 1
+            candidate = "%s_%d" % (prefix, i)
+        self.prefixes.add(candidate)
+        return candidate
+
+    def _name_taken(self, prefix: str) -> bool:
+        try:
+            self.graph.get_operation_by_name(prefix + "/min")
+            return True
+        except KeyError:
+            return False
+
+    def _is_handled(self, t: tf.Tensor) -> bool:
+        return (t in self.plans or is_quantized_output(t)
+                or existing_quantizer(t)[0] is not None)
+
+    def _plan(self, t: tf.Tensor, ctx: str, kind: str, init_min: float,
+              consumers: List[tf.Operation], is_weight: bool = False,
+              per_channel: bool = False, allow_unused: bool = False) -> bool:
+        if self._is_handled(t) or not _is_float(t):
+            return False
+        if not consumers and not allow_unused:
+            return False
+        self.plans[t] = _Plan(t, self._unique_prefix(_join(ctx, kind)),
+                              is_weight, init_min, consumers, per_channel)
+        return True
+
+    def _effective(self, t: tf.Tensor) -> tf.Tensor:
+        out, _ = existing_quantizer(t)
+        return t if out is None else out
+
+    def _activation_of(self, t: tf.Tensor) -> Optional[tf.Operation]:
+        for c in self._consumers(t, exclude=self.tail_ops):
+            if c.type in qp.ACTIVATION_TYPES and c.inputs[0] is t:
+                return c
+        return None
+
+    def _residual_adds(self, t: tf.Tensor) -> List[tf.Operation]:
+        found = []
+        for c in self._consumers(t, exclude=self.tail_ops):
+            if c.type not in qp.RESIDUAL_ADD_TYPES or len(c.inputs) != 2:
+                continue
+            if all(self._is_data(i) for i in c.inputs):
+                found.append(c)
+        return found
+
+    def plan_weights(self, layer: tf.Operation) -> None:
+        w = layer_patterns.weight_input(layer)
+        if is_quantized_output(w):
+            return
+        sharing = [c for c in w.consumers()
+                   if c.type in qp.LAYER_TYPES and c.inputs[1] is w
+                   and c not in self.gradient_ops]
+        per_channel = self.per_channel and w.shape.rank in (2, 4)
+        self._plan(w, _context(layer), "weights_quant", -6.0, sharing,
+                   is_weight=True, per_channel=per_channel)
+
+    def plan_layer_output(self, layer: tf.Operation) -> None:
+        tail, out = self._walk_tail(layer)
+        self.tail_ops |= tail
+        if out is None:
+            return
+        ctx = _context(layer)
+        activation = self._activation_of(out)
+        if activation is not None:
+            act_out = activation.outputs[0]
+            self._plan(act_out, ctx, "act_quant", 0.0,
+                       self._consumers(act_out))
+            for add in self._residual_adds(self._effective(act_out)):
+                self.plan_add_output(add, after_activation=True)
+            return
+        adds = self._residual_adds(self._effective(out))
+        consumers = self._consumers(out, exclude=tail)
+        if adds:
+            self._plan(out, ctx, "conv_quant", -6.0, consumers)
+            for add in adds:
+                self.plan_add_output(add, after_activation=False)
+        else:
+            # A final layer's output may have no consumer yet (fetched by
+            # the user): it still gets its range for export.
+            self._plan(out, ctx, "act_quant", -6.0, consumers,
+                       allow_unused=True)
+
+    def plan_add_output(self, add: tf.Operation, after_activation: bool) -> None:
+        if not _in_scope(add, self.scope) or add in self.gradient_ops:
+            return
+        out = add.outputs[0]
+        ctx = _context(add)
+        activation = self._activation_of(out)
+        if activation is not None:
+            act_out = activation.outputs[0]
+            self._plan(act_out, ctx, "act_quant", 0.0,
+                       self._consumers(act_out))
+            return
+        kind = "post_activation_bypass_quant" if after_activation else "add_quant"
+        self._plan(out, ctx, kind, -6.0, self._consumers(out))
+
+    def plan_other_outputs(self) -> None:
+        """Concat, Mean and residual-add outputs outside layer tails."""
+        for op in sorted(self.data_ops, key=lambda o: o._id):  # pylint: disable=protected-access
+            if (op in self.tail_ops or op in self.gradient_ops
+                    or not _in_scope(op, self.scope) or not op.outputs):
+                continue
+            if op.type in qp.CONCAT_TYPES:
+                self._plan(op.outputs[0], _own_context(op), "concat_quant",
+                           -6.0, self._consumers(op.outputs[0]))
+            elif op.type in qp.MEAN_TYPES:
+                self._plan(op.outputs[0], _own_context(op), "mean_quant",
+                           -6.0, self._consumers(op.outputs[0]))
+            elif (op.type in qp.RESIDUAL_ADD_TYPES and len(op.inputs) == 2
+                  and all(self._is_data(i) for i in op.inputs)):
+                after = any(i.op.type in qp.ACTIVATION_TYPES
+                            or is_quantized_output(i) for i in op.inputs)
+                self.plan_add_output(op, after_activation=after)
+
+    def plan_layer_input(self, layer: tf.Operation) -> None:
+        t = layer.inputs[0]
+        while (t.op.type in qp.SAME_SCALE_TYPES and t.op.inputs
+               and not self._is_handled(t)):
+            t = t.op.inputs[0]
+        if self._is_handled(t) or not _is_float(t):
+            return
+        kind = "input_quant" if t.op.type in qp.INPUT_TYPES else "output_quant"
+        self._plan(t, _own_context(t.op), kind, -6.0, self._consumers(t))
+
+    def run(self) -> List[_Plan]:
+        layers = [op for op in self.layers if _in_scope(op, self.scope)]
+        for layer in layers:
+            self.plan_weights(layer)
+        for layer in layers:
+            self.plan_layer_output(layer)
+        self.plan_other_outputs()
+        for layer in layers:
+            self.plan_layer_input(layer)
+        return list(self.plans.values())
+
+
+def _reroute(new: tf.Tensor, old: tf.Tensor, consumers) -> None:
+    consumers = set(consumers)
+    for op in consumers:
+        for i, t in enumerate(op.inputs):
+            if t is old:
+                op._update_input(i, new)  # pylint: disable=protected-access
+
+
+def _build(plan: _Plan, is_training: bool, weight_bits: int,
+           activation_bits: int, symmetric: bool, ema_decay: float,
+           quant_delay: Optional[int], vars_collection: Optional[str]) -> None:
+    t = plan.tensor
+    graph = t.graph
+    if plan.is_weight:
+        source = t
+        reshaped = (plan.per_channel and t.shape.rank == 4
+                    and any(c.type == "DepthwiseConv2dNative"
+                            for c in plan.consumers))
+        if reshaped:
+            # Depthwise filters [h, w, in, mult]: one range per output
+            # channel (in * mult), the last axis of TFLite's layout.
+            with graph.as_default(), graph.name_scope(plan.prefix + "/"):
+                shape = t.shape.as_list()
+                source = tf.reshape(t, shape[:2] + [shape[2] * shape[3]])
+        quantized = quant_ops.last_value_quantize(
+            source, plan.prefix, is_training=is_training,
+            num_bits=weight_bits, per_channel=plan.per_channel,
+            narrow_range=True, symmetric=symmetric,
+            vars_collection=vars_collection)
+        if reshaped:
+            with graph.as_default(), graph.name_scope(plan.prefix + "/"):
+                quantized = tf.reshape(quantized, tf.shape(t))
+    else:
+        quantized = quant_ops.moving_avg_quantize(
+            t, plan.prefix, is_training=is_training,
+            num_bits=activation_bits, narrow_range=False,
+            symmetric=symmetric, ema_decay=ema_decay,
+            init_min=plan.init_min, init_max=6.0,
+            vars_collection=vars_collection)
+    quantized = quant_ops.delay_quantization(quantized, t, quant_delay,
+                                             plan.prefix)
+    _reroute(quantized, t, plan.consumers)
+
+
+def insert_quant_ops(graph: Optional[tf.Graph] = None,
+                     is_training: bool = True,
+                     weight_bits: int = 8,
+                     activation_bits: int = 8,
+                     symmetric: bool = False,
+                     per_channel: bool = False,
+                     ema_decay: float = 0.999,
+                     quant_delay: Optional[int] = None,
+                     scope: Optional[str] = None,
+                     vars_collection: Optional[str] = (
+                         tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES),
+                     ) -> List[str]:
+    """Inserts FakeQuant ops into `graph` in place (see the module docstring).
+
+    Run after `fold_batch_norms` and before the optimizer's `minimize()`.
+    Running it again on a rewritten graph changes nothing.
+
+    Args:
+      graph: the graph to rewrite; the default graph when None.
+      is_training: True for a training graph (range variables are updated),
+        False for an eval graph (FakeQuant ops read the variables).
+      weight_bits: bit width of weights, 2..16.
+      activation_bits: bit width of activations, 2..16.
+      symmetric: symmetric ranges.
+      per_channel: one weight range per output channel.
+      ema_decay: decay of the activation range moving averages.
+      quant_delay: FakeQuant outputs are used once the quantization step
+        reaches this many steps; None or 0: from the start.
+      scope: only quantize layers (and other ops) whose name starts with it.
+      vars_collection: extra collection for the range variables.
+
+    Returns:
+      The name prefixes of the quantizers created.
+
+    Raises:
+      ValueError: on bad arguments, or if the graph already has optimizer
+        update ops. The graph is left unchanged.
+      RuntimeError: if the graph is finalized.
+    """
+    graph = graph or tf.compat.v1.get_default_graph()
+    quant_ops.validate_num_bits(weight_bits, "weight_bits")
+    quant_ops.validate_num_bits(activation_bits, "activation_bits")
+    if not 0.0 <= float(ema_decay) <= 1.0:
+        raise ValueError(f"ema_decay must be in [0, 1], got {ema_decay!r}.")
+    if quant_delay is not None and (isinstance(quant_delay, bool) or
+                                    not isinstance(quant_delay, int) or
+                                    quant_delay < 0):
+        raise ValueError(
+            f"quant_delay must be None or a non-negative int, got {quant_delay!r}.")
+    if scope is not None and not isinstance(scope, str):
+        raise ValueError(f"scope must be a string or None, got {scope!r}.")
+    if graph.finalized:
+        raise RuntimeError(
+            "The graph is finalized (a Session or MonitoredSession finalized "
+            "it): insert quant ops before creating the session.")
+    check_no_optimizer_ops(graph)
+    plans = _Planner(graph, is_training, scope, per_channel).run()
+    for plan in plans:
+        _build(plan, is_training, weight_bits, activation_bits, symmetric,
+               ema_decay, quant_delay, vars_collection)
+    return [plan.prefix for plan in plans]
+
+
+def check_no_optimizer_ops(graph: tf.Graph) -> None:
+    """Raises ValueError if `graph` has optimizer update ops.
+
+    Raises:
+      ValueError: naming the first optimizer op found.
+    """
+    for op in graph.get_operations():
+        if qp.is_optimizer_op(op):
+            raise ValueError(
+                f"The graph already has optimizer update ops (e.g. '{op.name}', "
+                f"{op.type}): the quantization rewrite must come before "
+                "`optimizer.minimize()` / `apply_gradients()`. Build the model, "
+                "call qat's create_*_graph, then add the optimizer.")

@@ -1,0 +1,68 @@
+"""Op-type data the quantize pass recognises structure with.
+
+The layer ops themselves come from `qat.layer_patterns` (shared with the fold
+pass); this module lists what the quantize pass walks through after them.
+"""
+from qat import layer_patterns
+
+LAYER_TYPES = frozenset(layer_patterns.LAYER_TYPES)
+
+# Activations fused into the layer at inference; their output gets act_quant.
+ACTIVATION_TYPES = frozenset(["Relu", "Relu6", "Identity", "LeakyRelu"])
+
+# Ops that can sit between a layer op and its activation: bias adds, atrous
+# BatchToSpaceND, batch norms (fused, unfused arithmetic, batch statistics) and
+# the training-mode fold tail (divide by the scale, Select between batch and
+# moving statistics after the freeze). A tail op only joins a layer's tail when
+# every data input it has comes from that layer's tail (the others are
+# parameters), so residual adds never join.
+TAIL_TYPES = frozenset([
+    "BiasAdd", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "Neg",
+    "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3",
+    "Select", "SelectV2", "Mean", "SquaredDifference", "StopGradient",
+    "Squeeze", "Rsqrt", "Sqrt", "Reciprocal", "Reshape", "BatchToSpaceND",
+    "Maximum", "Minimum", "Square", "ExpandDims",
+])
+
+# Tail ops that change the shape: a tail never ends with them.
+RESHAPING_TYPES = frozenset(["Mean", "Reshape", "Squeeze", "ExpandDims"])
+
+RESIDUAL_ADD_TYPES = frozenset(["Add", "AddV2"])
+
+# Ops TFLite runs with the scale of their input: the layer-input walk goes
+# back through them to find the tensor that needs a range.
+SAME_SCALE_TYPES = frozenset([
+    "Reshape", "Pad", "PadV2", "MaxPool", "SpaceToBatchND", "BatchToSpaceND",
+    "Identity", "Squeeze", "ExpandDims", "Transpose", "StridedSlice",
+    "DepthToSpace", "SpaceToDepth",
+])
+
+# Outputs that need their own range besides layer outputs.
+CONCAT_TYPES = frozenset(["ConcatV2", "Concat"])
+MEAN_TYPES = frozenset(["Mean"])
+
+# Graph inputs (data sources that are not layer outputs).
+INPUT_TYPES = frozenset(["Placeholder", "PlaceholderWithDefault",
+                         "IteratorGetNext"])
+
+# Consumers that never need the quantized value.
+METADATA_TYPES = frozenset(["Shape", "ShapeN", "Size", "Rank"])
+
+
+def is_state_update(op) -> bool:
+    """True for ops that write a variable (moving-average updates)."""
+    return op.type.startswith("Assign") or op.type in (
+        "ScatterUpdate", "ResourceScatterUpdate")
+
+
+def is_optimizer_op(op) -> bool:
+    """True for optimizer update ops (Apply*, ResourceApply*, SparseApply*)."""
+    t = op.type
+    return (t.startswith("Apply") or t.startswith("ResourceApply")
+            or t.startswith("SparseApply") or t.startswith("ResourceSparseApply"))
+
+
+def is_gradient_kernel(op) -> bool:
+    """True for ops that only gradient computations create."""
+    t = op.type
+    return t.endswith("Grad") or "Backprop" in t or t == "BroadcastGradientArgs"
