@@ -19,6 +19,8 @@ from qat.graph_editor.util import *
 
 # --- transform (Transformer, copy, graph_replace, ...): added by the
 # --- transform engineer below this line.
+from qat.graph_editor import transform
+from qat.graph_editor.transform import *
 
 # --- end of transform.
 
