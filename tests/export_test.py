@@ -7,55 +7,9 @@ import tensorflow as tf
 from absl.testing import absltest
 
 from qat import export
+from export_util import build_model, make_inputs
 
 tf1 = tf.compat.v1
-
-
-def _fq(x, lo, hi, name, narrow=False):
-    return tf.quantization.fake_quant_with_min_max_vars(
-        x, tf1.constant(lo), tf1.constant(hi), narrow_range=narrow, name=name)
-
-
-def build_model(use_resource=True, unquantized_add=False, seed=0):
-    """A conv -> relu -> conv -> relu -> dense net with FakeQuant ranges.
-
-    Returns (graph, session with initialized variables, saver).
-    """
-    graph = tf.Graph()
-    with graph.as_default():
-        tf1.set_random_seed(seed)
-        init = tf1.random_normal_initializer(stddev=0.3, seed=seed)
-        x = tf1.placeholder(tf.float32, [None, 8, 8, 1], name="input")
-        net = x
-        with tf1.variable_scope("net", use_resource=use_resource):
-            for i, channels in enumerate((4, 8)):
-                with tf1.variable_scope(f"conv{i + 1}"):
-                    w = tf1.get_variable("weights", [3, 3, net.shape[-1], channels],
-                                         initializer=init)
-                    b = tf1.get_variable("biases", [channels],
-                                         initializer=tf1.constant_initializer(0.1))
-                    wq = _fq(w, -1.0, 1.0, "weights_quant/FakeQuantWithMinMaxVars", True)
-                    net = tf.nn.relu(tf.nn.bias_add(
-                        tf.nn.conv2d(net, wq, [1, 1, 1, 1], "SAME"), b))
-                    net = _fq(net, 0.0, 6.0, "act_quant/FakeQuantWithMinMaxVars")
-            if unquantized_add:
-                net = tf.add(net, net * 0.5, name="res/add")  # No FakeQuant: no range.
-            net = tf.reshape(net, [-1, 8 * 8 * 8])
-            with tf1.variable_scope("logits"):
-                w = tf1.get_variable("weights", [8 * 8 * 8, 10], initializer=init)
-                b = tf1.get_variable("biases", [10], initializer=tf1.zeros_initializer())
-                wq = _fq(w, -1.0, 1.0, "weights_quant/FakeQuantWithMinMaxVars", True)
-                logits = tf.nn.bias_add(tf.matmul(net, wq), b)
-                logits = _fq(logits, -12.0, 12.0, "act_quant/FakeQuantWithMinMaxVars")
-        tf.identity(logits, name="output")
-        saver = tf1.train.Saver()
-        sess = tf1.Session(graph=graph)
-        sess.run(tf1.global_variables_initializer())
-    return graph, sess, saver
-
-
-def _inputs(n=64, seed=1):
-    return np.random.RandomState(seed).uniform(0.0, 1.0, (n, 8, 8, 1)).astype(np.float32)
 
 
 class ExportBothFlavoursTest(absltest.TestCase):
@@ -68,7 +22,7 @@ class ExportBothFlavoursTest(absltest.TestCase):
         cls.nodes_before = len(cls.graph.as_graph_def().node)
         cls.results = export.export_tflite(
             ["input"], ["output"], cls.tmp, sess=cls.sess,
-            input_ranges={"input": (0.0, 1.0)}, parity_inputs=_inputs())
+            input_ranges={"input": (0.0, 1.0)}, parity_inputs=make_inputs())
 
     @classmethod
     def tearDownClass(cls):
@@ -134,10 +88,10 @@ class ExportBothFlavoursTest(absltest.TestCase):
     def test_parity_threshold_raises(self):
         with self.assertRaisesRegex(export.ParityError, "max difference .* output steps > 0"):
             export.check_parity(self.results["uint8"].model, self.sess, "input", "output",
-                                _inputs(), max_diff_steps=0.0)
+                                make_inputs(), max_diff_steps=0.0)
         with self.assertRaisesRegex(export.ParityError, "top-1 agreement"):
             export.check_parity(self.results["uint8"].model, self.sess, "input", "output",
-                                _inputs(), min_top1_agreement=1.01)
+                                make_inputs(), min_top1_agreement=1.01)
 
     def test_session_graph_unchanged(self):
         self.assertLen(self.graph.as_graph_def().node, self.nodes_before)
@@ -148,7 +102,7 @@ class ExportBothFlavoursTest(absltest.TestCase):
         pb = os.path.join(self.tmp, "graph.pb")
         tf.io.write_graph(self.graph.as_graph_def(), self.tmp, "graph.pb", as_text=False)
         tf.io.write_graph(self.graph.as_graph_def(), self.tmp, "graph.pbtxt", as_text=True)
-        inputs = _inputs()
+        inputs = make_inputs()
         expected = export.run_tflite(self.results["uint8"].model, inputs)
         for path, ckpt in ((prefix + ".meta", prefix), (pb, prefix),
                            (os.path.join(self.tmp, "graph.pbtxt"),
@@ -170,8 +124,8 @@ class ResourceAndRefVariablesTest(absltest.TestCase):
         model = export.convert_frozen_graph(frozen, ["input"], ["output"], "uint8",
                                             input_ranges={"input": (0.0, 1.0)})
         export.check_fully_integer(model, frozen)
-        np.testing.assert_allclose(export.run_graph(frozen, "input", "output", _inputs(8)),
-                                   export.run_graph(sess, "input", "output", _inputs(8)))
+        np.testing.assert_allclose(export.run_graph(frozen, "input", "output", make_inputs(8)),
+                                   export.run_graph(sess, "input", "output", make_inputs(8)))
         sess.close()
 
 
@@ -188,7 +142,8 @@ class InputRangeTest(absltest.TestCase):
         graph = tf.Graph()
         with graph.as_default():
             x = tf1.placeholder(tf.float32, [None, 4], name="x")
-            _fq(tf.identity(x), -2.0, 2.0, "in_quant")
+            tf.quantization.fake_quant_with_min_max_vars(
+                tf.identity(x), tf1.constant(-2.0), tf1.constant(2.0), name="in_quant")
         self.assertEqual(export.input_range_from_fake_quant(graph.as_graph_def(), "x"),
                          (-2.0, 2.0))
 

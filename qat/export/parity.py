@@ -7,7 +7,7 @@ as 1.0 whatever the output range.
 """
 import dataclasses
 import math
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -128,6 +128,19 @@ def compare_outputs(reference: np.ndarray, tflite: np.ndarray,
     return ParityReport(n, agreement, max_diff, steps, mean_steps, output_scale)
 
 
+def parity_failures(report: ParityReport, min_top1_agreement: Optional[float] = None,
+                    max_diff_steps: Optional[float] = None) -> List[str]:
+    """Returns a description of each threshold `report` misses (empty: all met)."""
+    failures = []
+    if min_top1_agreement is not None and report.top1_agreement < min_top1_agreement:
+        failures.append(f"top-1 agreement {100 * report.top1_agreement:.2f}% < "
+                        f"{100 * min_top1_agreement:.2f}%")
+    if max_diff_steps is not None and not report.max_diff_steps <= max_diff_steps:
+        failures.append(f"max difference {report.max_diff_steps:.2f} output steps > "
+                        f"{max_diff_steps}")
+    return failures
+
+
 def check_parity(model: bytes,
                  graph: Union[tf.compat.v1.Session, tf.compat.v1.GraphDef],
                  input_name: str, output_name: str, inputs: np.ndarray,
@@ -151,13 +164,7 @@ def check_parity(model: bytes,
     """
     reference = run_graph(graph, input_name, output_name, inputs)
     report = compare_outputs(reference, run_tflite(model, inputs), _output_scale(model))
-    failures = []
-    if min_top1_agreement is not None and report.top1_agreement < min_top1_agreement:
-        failures.append(f"top-1 agreement {100 * report.top1_agreement:.2f}% < "
-                        f"{100 * min_top1_agreement:.2f}%")
-    if max_diff_steps is not None and not report.max_diff_steps <= max_diff_steps:
-        failures.append(f"max difference {report.max_diff_steps:.2f} output steps > "
-                        f"{max_diff_steps}")
+    failures = parity_failures(report, min_top1_agreement, max_diff_steps)
     if failures:
         raise ParityError("TFLite model and eval graph disagree: " + "; ".join(failures)
                           + f" ({report.format()})", report)

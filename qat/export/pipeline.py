@@ -33,6 +33,7 @@ def export_tflite(input_names: Sequence[str],
                   sess: Optional[tf.compat.v1.Session] = None,
                   graph_path: Optional[str] = None,
                   checkpoint: Optional[str] = None,
+                  frozen_graph_def: Optional[tf.compat.v1.GraphDef] = None,
                   flavours: Sequence[str] = convert.FLAVOURS,
                   name: str = "model",
                   input_ranges: Optional[Mapping[str, Tuple[float, float]]] = None,
@@ -43,8 +44,9 @@ def export_tflite(input_names: Sequence[str],
                   max_diff_steps: Optional[float] = None) -> Dict[str, ExportedModel]:
     """Exports an eval graph (from create_eval_graph) to integer TFLite models.
 
-    Give either a live `sess` (its variables hold the trained values) or a
-    `graph_path` (.meta, .pb, .pbtxt) with a `checkpoint`.
+    Give one of: a live `sess` (its variables hold the trained values), a
+    `graph_path` (.meta, .pb, .pbtxt) with a `checkpoint`, or a
+    `frozen_graph_def` (from freeze.freeze_session / freeze_graph_file).
 
     Args:
       input_names, output_names: tensor names of the eval graph.
@@ -52,6 +54,7 @@ def export_tflite(input_names: Sequence[str],
       sess: a session on the eval graph with restored variables.
       graph_path: a graph file, when no session is given.
       checkpoint: checkpoint prefix or directory for `graph_path`.
+      frozen_graph_def: an already frozen eval graph.
       flavours: any of "uint8", "int8".
       name: file name stem.
       input_ranges: {input: (min, max)} real input ranges; see
@@ -67,16 +70,20 @@ def export_tflite(input_names: Sequence[str],
     Raises:
       ExportError and its subclasses (see qat.export.errors).
     """
-    if (sess is None) == (graph_path is None):
-        raise ExportError("give exactly one of sess= (a live session) or graph_path=")
+    if sum(x is not None for x in (sess, graph_path, frozen_graph_def)) != 1:
+        raise ExportError("give exactly one of sess= (a live session), graph_path= "
+                          "or frozen_graph_def=")
     for flavour in flavours:
         if flavour not in convert.FLAVOURS:
             raise ExportError(f"unknown flavour {flavour!r}: use one of {convert.FLAVOURS}")
     if sess is not None:
         freeze.check_tensor_names(sess.graph, input_names, "input")
         frozen = freeze.freeze_session(sess, output_names)
-    else:
+    elif graph_path is not None:
         frozen = freeze.freeze_graph_file(graph_path, checkpoint, output_names)
+    else:
+        freeze.check_tensor_names(frozen_graph_def, output_names, "output")
+        frozen = frozen_graph_def
     freeze.check_tensor_names(frozen, input_names, "input")
     results = {}
     for flavour in flavours:
