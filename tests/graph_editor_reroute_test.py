@@ -43,7 +43,7 @@ class RerouteTsTest(parameterized.TestCase):
         self.graph.get_operations = fail
         try:
             self.assertEqual(ge.reroute_ts(self.b, self.a), 4)
-            self.assertEqual(ge.swap_ts(self.a, self.b), 4)
+            self.assertEqual(ge.swap_ts(self.a, self.b), 5)
         finally:
             del self.graph.get_operations
 
