@@ -1,0 +1,359 @@
+"""Numeric tests of qat.fold_batch_norms on small layers: eval, training, freeze."""
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+import tf_keras
+from tensorflow.python.training import moving_averages
+
+# qat/__init__ exports the function under the module's name: import from the module.
+from qat.fold_batch_norms import fold_batch_norms
+from qat import layer_patterns
+from qat import step_counter
+
+_BATCH = 4
+_SIZE = 6
+
+
+def _variable(name, shape, resource=True):
+    return tf.compat.v1.get_variable(name, shape, use_resource=resource)
+
+
+def _layer(kind, x):
+    """Builds the layer; returns its output (before any batch norm)."""
+    resource = not kind.endswith("_ref")
+    if kind.startswith("conv"):
+        w = _variable("w", [3, 3, 3, 4], resource)
+        y = tf.nn.conv2d(x, w, strides=[1, 1, 1, 1], padding="SAME")
+        if kind == "conv_bias":
+            y = tf.nn.bias_add(y, _variable("b", [4]))
+        if kind == "conv_add_bias":
+            y = y + _variable("b", [4])
+        return y
+    if kind == "depthwise":
+        w = _variable("w", [3, 3, 3, 2])
+        return tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME")
+    if kind == "atrous":
+        w = _variable("w", [3, 3, 3, 4])
+        return tf.compat.v1.nn.atrous_conv2d(x, w, rate=2, padding="SAME")
+    if kind == "matmul":
+        w = _variable("w", [_SIZE * _SIZE * 3, 5])
+        return tf.matmul(tf.reshape(x, [_BATCH, -1]), w)
+    raise ValueError(kind)
+
+
+def _manual_batch_norm(y, training, fused):
+    """compat.v1 style: ref variables, moving_averages.assign_moving_average."""
+    channels = y.shape[-1]
+    gamma = _variable("gamma", [channels], resource=False)
+    beta = _variable("beta", [channels], resource=False)
+    mean = _variable("moving_mean", [channels], resource=False)
+    var = _variable("moving_variance", [channels], resource=False)
+    if training:
+        if fused:
+            out, batch_mean, batch_var = tf.compat.v1.nn.fused_batch_norm(
+                y, gamma, beta, epsilon=1e-3, is_training=True)
+        else:
+            batch_mean, batch_var = tf.nn.moments(y, [0, 1, 2])
+            out = tf.nn.batch_normalization(y, batch_mean, batch_var, beta, gamma, 1e-3)
+        for v, value in ((mean, batch_mean), (var, batch_var)):
+            tf.compat.v1.add_to_collection(
+                tf.compat.v1.GraphKeys.UPDATE_OPS,
+                moving_averages.assign_moving_average(v, value, 0.9, zero_debias=False))
+        return out
+    if fused:
+        return tf.compat.v1.nn.fused_batch_norm(
+            y, gamma, beta, mean=mean, variance=var, epsilon=1e-3, is_training=False)[0]
+    return tf.nn.batch_normalization(y, mean, var, beta, gamma, 1e-3)
+
+
+def _batch_norm(kind, y, training):
+    reshaped = y.shape.rank == 2 and kind == "fused"
+    if reshaped:
+        y = tf.reshape(y, [_BATCH, 1, 1, -1])
+    if kind in ("fused", "unfused", "unfused_noscale", "unfused_nocenter", "unfused_neither"):
+        out = tf.compat.v1.layers.batch_normalization(
+            y, fused=(kind == "fused"), training=training, momentum=0.9,
+            scale=kind not in ("unfused_noscale", "unfused_neither"),
+            center=kind not in ("unfused_nocenter", "unfused_neither"))
+    elif kind == "keras_unfused":
+        out = tf_keras.layers.BatchNormalization(fused=False, momentum=0.9)(y, training=training)
+    elif kind in ("v1_fused", "v1_unfused"):
+        out = _manual_batch_norm(y, training, fused=(kind == "v1_fused"))
+    else:
+        raise ValueError(kind)
+    if reshaped:
+        out = tf.reshape(out, [_BATCH, -1])
+    return out
+
+
+def _build(layer, bn, training):
+    g = tf.Graph()
+    with g.as_default():
+        tf.compat.v1.set_random_seed(1)
+        x = tf.compat.v1.placeholder(tf.float32, [_BATCH, _SIZE, _SIZE, 3], name="x")
+        y = _layer(layer, x)
+        out = tf.nn.relu6(_batch_norm(bn, y, training), name="out")
+    layer_op = [op for op in layer_patterns.layer_ops(g)][0]
+    return g, x, out, layer_op.inputs[1]
+
+
+def _values(graph, seed, gamma_zero=False):
+    rng = np.random.RandomState(seed)
+    values = {}
+    with graph.as_default():
+        for v in sorted(tf.compat.v1.global_variables(), key=lambda v: v.name):
+            shape = v.shape.as_list()
+            if "variance" in v.name or "gamma" in v.name:
+                value = rng.uniform(0.5, 1.5, shape)
+                if gamma_zero and "gamma" in v.name:
+                    value[:] = 0.0
+            else:
+                value = rng.normal(0.0, 0.5, shape)
+            values[v.name] = value.astype(v.dtype.as_numpy_dtype)
+    return values
+
+
+def _session(graph, values):
+    sess = tf.compat.v1.Session(graph=graph)
+    with graph.as_default():
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for v in tf.compat.v1.global_variables():
+            if v.name in values:
+                v.load(values[v.name], sess)
+    return sess
+
+
+def _moving(graph):
+    with graph.as_default():
+        return [v for v in tf.compat.v1.global_variables() if "moving" in v.name]
+
+
+def _rel_err(a, b):
+    return np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-6)
+
+
+_CASES = [
+    ("conv", "fused"), ("conv", "unfused"), ("conv", "unfused_noscale"),
+    ("conv", "unfused_nocenter"), ("conv", "unfused_neither"),
+    ("conv", "keras_unfused"), ("conv", "v1_fused"), ("conv", "v1_unfused"),
+    ("conv_ref", "fused"), ("conv_bias", "fused"), ("conv_bias", "unfused"),
+    ("conv_add_bias", "fused"), ("depthwise", "fused"), ("depthwise", "unfused"),
+    ("atrous", "fused"), ("atrous", "unfused"), ("matmul", "fused"),
+    ("matmul", "unfused"),
+]
+_PARAMS = [("%s_%s" % case, case[0], case[1]) for case in _CASES]
+
+
+class FoldBatchNormsTest(tf.test.TestCase, parameterized.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self._x = np.random.RandomState(7).normal(
+            1.0, 1.0, [_BATCH, _SIZE, _SIZE, 3]).astype(np.float32)
+
+    @parameterized.named_parameters(*_PARAMS)
+    def test_eval_fold_keeps_output(self, layer, bn):
+        g, x, out, _ = _build(layer, bn, training=False)
+        values = _values(g, 3)
+        with _session(g, values) as sess:
+            expected = sess.run(out, {x: self._x})
+        result = fold_batch_norms(g, is_training=False)
+        self.assertEmpty(result.skipped)
+        self.assertLen(result.folded, 1)
+        self.assertFalse(result.folded[0].training)
+        self.assertEqual(result.folded[0].bias_add.type, "BiasAdd")
+        with _session(g, values) as sess:
+            got = sess.run(out, {x: self._x})
+        self.assertLess(_rel_err(got, expected), 1e-5)
+        # The old batch norm no longer reaches the output.
+        with g.as_default():
+            ops = tf.compat.v1.graph_util.extract_sub_graph(
+                g.as_graph_def(), [out.op.name]).node
+        self.assertNotIn(result.folded[0].batch_norm, [n.name for n in ops])
+
+    @parameterized.named_parameters(*_PARAMS)
+    def test_training_fold_before_freeze(self, layer, bn):
+        ref_g, ref_x, ref_out, ref_w = _build(layer, bn, training=True)
+        g, x, out, w = _build(layer, bn, training=True)
+        values = _values(g, 5)
+        result = fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=100)
+        self.assertEmpty(result.skipped)
+        self.assertLen(result.folded, 1)
+        self.assertTrue(result.folded[0].training)
+        self.assertIs(layer_patterns.weight_input(result.folded[0].layer_op),
+                      result.folded[0].weights)
+        fetches = []
+        for graph, xt, o, wt in ((ref_g, ref_x, ref_out, ref_w), (g, x, out, w)):
+            with graph.as_default():
+                r = tf.constant(np.random.RandomState(9).normal(size=o.shape.as_list()),
+                                tf.float32)
+                loss = tf.reduce_sum(o * r)
+                grads = tf.gradients(loss, [xt, wt])
+                updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+            with _session(graph, values) as sess:
+                got = sess.run([o] + grads, {xt: self._x})
+                sess.run(updates, {xt: self._x})
+                got.append(sess.run(_moving(graph)))
+            fetches.append(got)
+        (ref_o, ref_gx, ref_gw, ref_mv), (o, gx, gw, mv) = fetches
+        self.assertLess(_rel_err(o, ref_o), 1e-4)
+        self.assertLess(_rel_err(gx, ref_gx), 1e-4)
+        self.assertLess(_rel_err(gw, ref_gw), 1e-4)
+        for a, b in zip(mv, ref_mv):
+            self.assertLess(_rel_err(a, b), 1e-4)
+
+    @parameterized.named_parameters(*_PARAMS)
+    def test_training_fold_after_freeze(self, layer, bn):
+        eval_g, eval_x, eval_out, _ = _build(layer, bn, training=False)
+        g, x, out, w = _build(layer, bn, training=True)
+        values = _values(g, 11)
+        fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=1)
+        with g.as_default():
+            updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+            grads = tf.gradients(tf.reduce_sum(out), [x, w])
+        with _session(g, values) as sess:
+            sess.run(out, {x: self._x})  # Step 1: batch statistics.
+            before = sess.run(_moving(g))
+            for _ in range(2):
+                got, _ = sess.run([out, updates], {x: self._x})
+                step_grads = sess.run(grads, {x: self._x})
+            after = sess.run(_moving(g))
+            step = sess.run(step_counter.get_quantization_step_variable(g))
+        self.assertEqual(step, 5)  # One increment per run that evaluates the fold.
+        for a, b in zip(after, before):
+            self.assertAllEqual(a, b)
+        for grad in step_grads:
+            self.assertTrue(np.all(np.isfinite(grad)))
+        with _session(eval_g, values) as sess:
+            expected = sess.run(eval_out, {eval_x: self._x})
+        self.assertLess(_rel_err(got, expected), 1e-5)
+
+    @parameterized.named_parameters(
+        ("conv_fused", "conv", "fused"), ("conv_unfused", "conv", "unfused"),
+        ("depthwise_fused", "depthwise", "fused"), ("matmul_unfused", "matmul", "unfused"))
+    def test_zero_gamma_gives_no_nan(self, layer, bn):
+        g, x, out, w = _build(layer, bn, training=True)
+        values = _values(g, 13, gamma_zero=True)
+        fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=1)
+        with g.as_default():
+            grads = tf.gradients(tf.reduce_sum(out), [x, w])
+        with _session(g, values) as sess:
+            for _ in range(2):  # Before and after the freeze.
+                results = sess.run([out] + grads, {x: self._x})
+                for r in results:
+                    self.assertTrue(np.all(np.isfinite(r)))
+
+
+class FoldStructureTest(tf.test.TestCase):
+
+    def test_second_call_changes_nothing(self):
+        for training in (False, True):
+            g, _, _, _ = _build("conv_bias", "fused", training=training)
+            first = fold_batch_norms(g, is_training=training, freeze_batch_norm_delay=5)
+            self.assertLen(first.folded, 1)
+            before = g.as_graph_def()
+            second = fold_batch_norms(g, is_training=training, freeze_batch_norm_delay=5)
+            self.assertEqual(second.folded, [])
+            self.assertEqual(second.skipped, [])
+            self.assertProtoEquals(before, g.as_graph_def())
+
+    def test_training_tail_structure(self):
+        g, _, out, _ = _build("conv_bias", "fused", training=True)
+        folded = fold_batch_norms(g, is_training=True).folded[0]
+        layer = folded.layer_op
+        self.assertEqual(layer.name, "Conv2D")
+        self.assertEqual(folded.weights.op.name, "mul_fold")
+        self.assertEqual(sorted(c.type for c in layer.outputs[0].consumers()),
+                         ["BiasAdd", "DivNoNan"])
+        self.assertEqual(folded.bias_add.name, "BiasAdd_Fold")
+        self.assertEqual([c.type for c in folded.bias_add.outputs[0].consumers()], ["SelectV2"])
+        self.assertEqual(folded.output.op.type, "SelectV2")
+        self.assertEqual(out.op.inputs[0].op, folded.output.op)
+
+    def test_eval_tail_structure_and_scope(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2, 5, 5, 3])
+            with tf.compat.v1.variable_scope("net"):
+                y = tf.compat.v1.layers.conv2d(x, 4, 3, use_bias=False, name="conv1")
+                y = tf.compat.v1.layers.batch_normalization(y, training=False)
+                out = tf.nn.relu(y)
+        folded = fold_batch_norms(g, is_training=False).folded[0]
+        self.assertEqual(folded.layer_op.name, "net/conv1/Conv2D")
+        self.assertEqual(folded.bias_add.name, "net/conv1/BiasAdd_Fold")
+        self.assertEqual(folded.layer_op.outputs[0].consumers(), [folded.bias_add])
+        self.assertIs(out.op.inputs[0], folded.output)
+
+    def test_device_is_kept(self):
+        g = tf.Graph()
+        with g.as_default(), g.device("/cpu:0"):
+            x = tf.compat.v1.placeholder(tf.float32, [2, 5, 5, 3])
+            y = tf.compat.v1.layers.conv2d(x, 4, 3, use_bias=False)
+            tf.nn.relu(tf.compat.v1.layers.batch_normalization(y, training=True))
+        folded = fold_batch_norms(g, is_training=True).folded[0]
+        for t in (folded.weights, folded.output, folded.bias_add.outputs[0]):
+            self.assertEqual(t.op.device, folded.layer_op.device)
+
+    def _graph_with_unfoldable(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2, 5, 5, 3])
+            # No layer before it.
+            tf.compat.v1.layers.batch_normalization(x, training=False, name="bn_input")
+            # A layer output with another consumer.
+            y = tf.compat.v1.layers.conv2d(x, 4, 3, use_bias=False, name="shared")
+            tf.compat.v1.layers.batch_normalization(y, training=False, name="bn_shared")
+            tf.nn.relu(y, name="other_consumer")
+            # A foldable one.
+            z = tf.compat.v1.layers.conv2d(x, 4, 3, use_bias=False, name="ok")
+            tf.compat.v1.layers.batch_normalization(z, training=False, name="bn_ok")
+        return g
+
+    def test_unfoldable_batch_norms_are_reported_and_left_alone(self):
+        g = self._graph_with_unfoldable()
+        with self.assertLogs(level="WARNING") as logs:
+            result = fold_batch_norms(g, is_training=False)
+        self.assertEqual([f.batch_norm for f in result.folded], ["bn_ok/FusedBatchNormV3"])
+        reasons = {s.name: s.reason for s in result.skipped}
+        self.assertCountEqual(reasons, ["bn_input/FusedBatchNormV3", "bn_shared/FusedBatchNormV3"])
+        self.assertIn("no Conv2D", reasons["bn_input/FusedBatchNormV3"])
+        self.assertIn("other_consumer", reasons["bn_shared/FusedBatchNormV3"])
+        self.assertTrue(any("bn_shared/FusedBatchNormV3" in line for line in logs.output))
+        self.assertEqual(g.get_operation_by_name("bn_shared/FusedBatchNormV3").inputs[0].op.name,
+                         "shared/Conv2D")
+        self.assertEqual(g.get_operation_by_name("shared/Conv2D").inputs[1].op.type,
+                         "ReadVariableOp")
+
+    def test_batch_norm_inside_functional_cond_is_reported(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2, 5, 5, 3])
+            training = tf.compat.v1.placeholder_with_default(False, [])
+            y = tf_keras.layers.Conv2D(4, 3, use_bias=False)(x)
+            tf_keras.layers.BatchNormalization()(y, training=training)
+        result = fold_batch_norms(g, is_training=True)
+        self.assertEmpty(result.folded)
+        self.assertNotEmpty(result.skipped)
+        self.assertTrue(all("Python bool" in s.reason for s in result.skipped))
+
+    def test_finalized_graph_is_refused(self):
+        g, _, _, _ = _build("conv", "fused", training=False)
+        g.finalize()
+        with self.assertRaisesRegex(RuntimeError, "finalized"):
+            fold_batch_norms(g, is_training=False)
+
+    def test_negative_delay_is_refused(self):
+        g, _, _, _ = _build("conv", "fused", training=True)
+        before = g.as_graph_def()
+        with self.assertRaisesRegex(ValueError, "freeze_batch_norm_delay"):
+            fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=-1)
+        self.assertProtoEquals(before, g.as_graph_def())
+
+
+if __name__ == "__main__":
+    absltest.main()
