@@ -31,6 +31,7 @@ from typing import Dict, Iterable, List, Optional
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import func_graph as _func_graph
+from tensorflow.python.ops import ref_variable
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import variables as _variables
 
@@ -105,6 +106,32 @@ def _copy_functions(src_graph: tf.Graph, dst_graph: tf.Graph,
         dst_graph._add_function(function)  # pylint: disable=protected-access
 
 
+def _check_not_func_graph(obj) -> None:
+    """Raises a clear error for ops or tensors of a FuncGraph (before hashing them)."""
+    if isinstance(obj, subgraph.SubGraphView):
+        graphs = [obj.graph]
+    elif isinstance(obj, tf.Graph):
+        graphs = [obj]
+    elif isinstance(obj, (tf.Operation, tf.Tensor)):
+        graphs = [obj.graph]
+    elif isinstance(obj, (str, bytes)) or not util.is_iterable(obj):
+        graphs = []
+    else:
+        graphs = [item.graph for item in util.flatten_tree(list(obj))
+                  if isinstance(item, (tf.Operation, tf.Tensor))]
+    for graph in graphs:
+        if isinstance(graph, _func_graph.FuncGraph):
+            raise ValueError(
+                "Cannot transform ops of FuncGraph {!r}: the graph editor works on "
+                "tf.Graph graphs built in graph mode (tf.compat.v1), not on the body "
+                "of a tf.function.".format(graph.name))
+
+
+def _make_view(sgv):
+    _check_not_func_graph(sgv)
+    return subgraph.make_view(sgv)
+
+
 class Transformer(object):
     """Copies a subgraph view into a graph, through replaceable handlers.
 
@@ -149,14 +176,10 @@ class Transformer(object):
             a handler transforms an op in place, or TensorFlow refuses a copy.
           RuntimeError: if `dst_graph` is finalized.
         """
-        sgv = subgraph.make_view(sgv)
+        sgv = _make_view(sgv)
         if not isinstance(dst_graph, tf.Graph):
             raise TypeError("Expected a tf.Graph, got: {}".format(type(dst_graph)))
         util.check_graph_modifiable(dst_graph, "copy ops into the destination graph")
-        if sgv.graph is not None and isinstance(sgv.graph, _func_graph.FuncGraph):
-            raise ValueError(
-                "Cannot transform ops of FuncGraph {!r}: the graph editor works on "
-                "tf.Graph graphs built in graph mode.".format(sgv.graph.name))
         src_scope = util.scope_finalize(src_scope)
         dst_scope = util.scope_finalize(dst_scope)
         # Validate before creating anything, so bad input leaves graphs unchanged.
@@ -339,7 +362,7 @@ def _transform_variable(info: _TmpInfo, var):
     with info.graph_.as_default():
         if proto.is_resource:
             return resource_variable_ops.ResourceVariable(variable_def=proto)
-        return _variables.RefVariable(variable_def=proto)
+        return ref_variable.RefVariable(variable_def=proto)
 
 
 def _check_dst_graph(sgv, dst_graph):
@@ -370,7 +393,7 @@ def copy(sgv, dst_graph: Optional[tf.Graph] = None, dst_scope: str = "",
       TypeError: if `dst_graph` is not a tf.Graph.
       ValueError / RuntimeError: see `Transformer.__call__`.
     """
-    sgv = subgraph.make_view(sgv)
+    sgv = _make_view(sgv)
     dst_graph = _check_dst_graph(sgv, dst_graph)
     return Transformer()(sgv, dst_graph, dst_scope, src_scope,
                          reuse_dst_scope=reuse_dst_scope)
@@ -398,7 +421,7 @@ def copy_with_input_replacements(sgv, replacement_ts: Dict[tf.Tensor, tf.Tensor]
       TypeError: if `dst_graph` is not a tf.Graph or `replacement_ts` not a dict.
       ValueError / RuntimeError: see `Transformer.__call__`.
     """
-    sgv = subgraph.make_view(sgv)
+    sgv = _make_view(sgv)
     dst_graph = _check_dst_graph(sgv, dst_graph)
     if not isinstance(replacement_ts, dict):
         raise TypeError("replacement_ts must be a dict from tensors to tensors, got: "
