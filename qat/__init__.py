@@ -7,8 +7,20 @@ rebuilt on TensorFlow 2.21.
 __version__ = "0.1.0"
 
 from qat import graph_editor
+from qat.api import create_eval_graph
+from qat.api import create_training_graph
+from qat.api import experimental_create_eval_graph
+from qat.api import experimental_create_training_graph
+from qat.api import fold_batch_norms
+from qat.api import insert_quant_ops
 
 __all__ = [
     "__version__",
     "graph_editor",
+    "create_training_graph",
+    "create_eval_graph",
+    "experimental_create_training_graph",
+    "experimental_create_eval_graph",
+    "fold_batch_norms",
+    "insert_quant_ops",
 ]

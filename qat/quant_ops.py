@@ -18,10 +18,21 @@ zero-debiased one contrib used: zero-debiasing added hidden `.../biased` and
 `.../local_step` variables that made float checkpoints fail to restore
 (tensorflow#26664, #20867). With the ranges initialised to sensible values
 ([0, 6] or [-6, 6]) debiasing is not needed.
-"""
-from typing import Optional, Sequence
 
+Speed: a rewrite adds ~30 ops per quantizer, and TensorFlow's Python op
+constructors cost about a millisecond each, which made MobileNetV2 rewrites
+take seconds. `QuantizerBatch` therefore writes the quantizers as NodeDefs and
+adds them to the graph with one `import_graph_def` (done in C++), then wraps
+the range variables in `tf.Variable` objects from their VariableDefs.
+"""
+import dataclasses
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import variable_pb2
+from tensorflow.python.ops import resource_variable_ops
 
 from qat import step_counter
 
@@ -31,6 +42,11 @@ FAKE_QUANT_TYPES = frozenset(
     ["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxVarsPerChannel"])
 MIN_NUM_BITS = 2
 MAX_NUM_BITS = 16
+_DEFAULT_COLLECTION = tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES
+_FLOAT = tf.float32.as_datatype_enum
+_INT32 = tf.int32.as_datatype_enum
+_INT64 = tf.int64.as_datatype_enum
+_RESOURCE = tf.resource.as_datatype_enum
 
 
 def validate_num_bits(num_bits: int, what: str = "num_bits",
@@ -54,72 +70,291 @@ def validate_num_bits(num_bits: int, what: str = "num_bits",
             f"(FakeQuant supports that range), got {num_bits!r}.")
 
 
-def _range_variable(graph: tf.Graph, name: str, shape: Sequence[int],
-                    init: float, collections: Sequence[str]) -> tf.Variable:
-    """Creates one non-trainable float range variable named `name`."""
-    # Created with tf.Variable in an absolute name scope rather than
-    # get_variable, so the user's current variable scope cannot change names.
-    return tf.compat.v1.Variable(
-        initial_value=lambda: tf.fill(shape, tf.constant(init, tf.float32)),
-        name=name,
-        trainable=False,
-        dtype=tf.float32,
-        collections=list(collections),
-        use_resource=True)
+@dataclasses.dataclass
+class QuantizerSpec:
+    """One quantizer to build.
+
+    Attributes:
+      inputs: the float tensor to quantize.
+      prefix: absolute name scope; variables `<prefix>/min|max`.
+      moving_average: True for the EMA quantizer (activations), False for the
+        last-value one (weights).
+      is_training: build the range updates (else read the variables).
+      num_bits: bit width.
+      narrow_range: quantize to [1, 2^b - 1].
+      symmetric: symmetric ranges.
+      per_channel: one range per index of the last dimension.
+      ema_decay: moving-average decay.
+      init_min: initial min.
+      init_max: initial max.
+      quant_delay: use the FakeQuant output only from this step on.
+      vars_collection: extra collection for the variables.
+      channel_reshape: reshape `inputs` to this static shape before a
+        per-channel FakeQuant, and back after (depthwise filters).
+    """
+    inputs: tf.Tensor
+    prefix: str
+    moving_average: bool
+    is_training: bool = True
+    num_bits: int = 8
+    narrow_range: bool = False
+    symmetric: bool = False
+    per_channel: bool = False
+    ema_decay: float = 0.999
+    init_min: float = -6.0
+    init_max: float = 6.0
+    quant_delay: Optional[int] = None
+    vars_collection: Optional[str] = _DEFAULT_COLLECTION
+    channel_reshape: Optional[Sequence[int]] = None
+
+    def validate(self) -> None:
+        """Raises ValueError for bad settings (before anything is built)."""
+        validate_num_bits(self.num_bits)
+        if not 0.0 <= float(self.ema_decay) <= 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1], got {self.ema_decay!r}.")
+        if self.inputs.dtype.base_dtype != tf.float32:
+            raise ValueError(
+                f"Cannot quantize '{self.inputs.name}': FakeQuant needs float32, "
+                f"got {self.inputs.dtype.name}.")
+        if self.per_channel:
+            shape = (tf.TensorShape(self.channel_reshape)
+                     if self.channel_reshape else self.inputs.shape)
+            if shape.rank not in (1, 2, 3, 4) or shape[-1] is None:
+                raise ValueError(
+                    f"Per-channel quantization of '{self.inputs.name}' needs a "
+                    "tensor of rank 1 to 4 with a known last dimension, got "
+                    f"shape {shape}.")
 
 
-def _variables(graph, prefix, shape, init_min, init_max, vars_collection):
-    collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
-    if vars_collection:
-        collections.append(vars_collection)
-    with graph.name_scope(prefix + "/"):
-        min_var = _range_variable(graph, "min", shape, init_min, collections)
-        max_var = _range_variable(graph, "max", shape, init_max, collections)
-    return min_var, max_var
+class QuantizerBatch(object):
+    """Builds many quantizers with one GraphDef import.
 
+    Args:
+      graph: the graph to add the quantizers to.
+    """
 
-def _channel_shape(inputs: tf.Tensor, per_channel: bool, name: str):
-    """Returns (variable shape, reduction axes) for a quantized tensor."""
-    rank = inputs.shape.rank
-    if not per_channel:
-        return [], None
-    if rank not in (1, 2, 3, 4) or inputs.shape[-1] is None:
+    def __init__(self, graph: tf.Graph):
+        self._graph = graph
+        self._gdef = graph_pb2.GraphDef()
+        self._ext: Dict[str, tf.Tensor] = {}
+        self._ext_ids: Dict[int, str] = {}
+        self._variables: List = []  # (VariableDef, collections)
+        self._outputs: List[str] = []
+        self._shared: Dict[tuple, str] = {}
+        self._taken = set()
+
+    # --- NodeDef helpers ----------------------------------------------------
+
+    def _external(self, t: tf.Tensor) -> str:
+        key = id(t)
+        if key not in self._ext_ids:
+            name = "qat_external_%d:0" % len(self._ext_ids)
+            self._ext_ids[key] = name
+            self._ext[name] = t
+        return self._ext_ids[key]
+
+    def _node(self, name, op, inputs=(), control=(), **attrs) -> str:
+        node = self._gdef.node.add()
+        node.name = name
+        node.op = op
+        node.input.extend(inputs)
+        node.input.extend("^" + c for c in control)
+        for key, value in attrs.items():
+            attr = node.attr[key]
+            if isinstance(value, bool):
+                attr.b = value
+            elif isinstance(value, int) and key in ("num_bits",):
+                attr.i = value
+            elif isinstance(value, bytes):
+                attr.s = value
+            elif isinstance(value, tf.TensorShape):
+                attr.shape.CopyFrom(value.as_proto())
+            elif key in ("value",):
+                attr.tensor.CopyFrom(value)
+            else:
+                attr.type = value
+        return name
+
+    def _const(self, name, value, dtype) -> str:
+        return self._node(name, "Const", dtype=dtype.as_datatype_enum,
+                          value=tf.make_tensor_proto(value, dtype))
+
+    def _variable(self, prefix, name, shape, init, collections) -> str:
+        base = prefix + "/" + name
+        shape = tf.TensorShape(shape)
+        self._node(base, "VarHandleOp", dtype=_FLOAT, shape=shape,
+                   shared_name=base.encode(), container=b"")
+        init_value = np.full(shape.as_list(), init, np.float32)
+        self._const(base + "/Initializer/Const", init_value, tf.float32)
+        self._node(base + "/Assign", "AssignVariableOp",
+                   [base, base + "/Initializer/Const"], dtype=_FLOAT)
+        self._node(base + "/Read/ReadVariableOp", "ReadVariableOp", [base],
+                   dtype=_FLOAT)
+        self._variables.append((variable_pb2.VariableDef(
+            variable_name=base + ":0",
+            initializer_name=base + "/Assign",
+            snapshot_name=base + "/Read/ReadVariableOp:0",
+            initial_value_name=base + "/Initializer/Const:0",
+            trainable=False,
+            is_resource=True), collections))
+        return base
+
+    def _check_free(self, prefix: str) -> None:
+        if prefix in self._taken:
+            raise ValueError(f"Two quantizers named '{prefix}' in one batch.")
+        self._taken.add(prefix)
+        try:
+            self._graph.get_operation_by_name(prefix + "/min")
+        except KeyError:
+            return
         raise ValueError(
-            f"Per-channel quantization of '{name}' needs a tensor of rank 1 to 4 "
-            f"with a known last dimension, got shape {inputs.shape}.")
-    return [int(inputs.shape[-1])], list(range(rank - 1))
+            f"A quantizer named '{prefix}' already exists in the graph.")
+
+    # --- Quantizers -----------------------------------------------------------
+
+    def add(self, spec: QuantizerSpec,
+            step: Optional[tf.Tensor] = None) -> int:
+        """Adds a quantizer; returns its index for `build()`'s result.
+
+        Args:
+          spec: what to build (validated here).
+          step: the quantization step tensor, needed when spec.quant_delay.
+
+        Raises:
+          ValueError: on bad settings or a name already taken.
+        """
+        spec.validate()
+        p = spec.prefix
+        self._check_free(p)
+        collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
+        if spec.vars_collection:
+            collections.append(spec.vars_collection)
+        x = self._external(spec.inputs)
+        if spec.channel_reshape:
+            shape_const = self._const(p + "/Reshape/shape",
+                                      list(spec.channel_reshape), tf.int32)
+            x = self._node(p + "/Reshape", "Reshape", [x, shape_const],
+                           T=_FLOAT, Tshape=_INT32)
+            rank = len(spec.channel_reshape)
+            channels = spec.channel_reshape[-1]
+        else:
+            rank = spec.inputs.shape.rank
+            channels = spec.inputs.shape[-1] if spec.per_channel else None
+        var_shape = [int(channels)] if spec.per_channel else []
+        min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
+        max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
+        if spec.is_training:
+            lo, hi = self._updates(spec, x, rank, min_var, max_var)
+        else:
+            lo = min_var + "/Read/ReadVariableOp"
+            hi = max_var + "/Read/ReadVariableOp"
+        fq_type = ("FakeQuantWithMinMaxVarsPerChannel" if spec.per_channel
+                   else "FakeQuantWithMinMaxVars")
+        out = self._node(p + "/" + FAKE_QUANT_NAME, fq_type, [x, lo, hi],
+                         num_bits=spec.num_bits,
+                         narrow_range=bool(spec.narrow_range))
+        if spec.channel_reshape:
+            back = self._const(p + "/Reshape_1/shape",
+                               spec.inputs.shape.as_list(), tf.int32)
+            out = self._node(p + "/Reshape_1", "Reshape", [out, back],
+                             T=_FLOAT, Tshape=_INT32)
+        if spec.quant_delay:
+            if step is None:
+                raise ValueError("quant_delay needs the quantization step.")
+            delay = self._const(p + "/delay", int(spec.quant_delay), tf.int64)
+            active = self._node(p + "/activate_quant", "GreaterEqual",
+                                [self._external(step), delay], T=_INT64)
+            out = self._node(p + "/delayed_quant", "SelectV2",
+                             [active, out, self._external(spec.inputs)],
+                             T=_FLOAT)
+        self._outputs.append(out + ":0")
+        return len(self._outputs) - 1
+
+    def _updates(self, spec, x, rank, min_var, max_var):
+        p = spec.prefix
+        if spec.per_channel and rank == 1:
+            batch_min = batch_max = x  # Every element is its own channel.
+        else:
+            axes = list(range(rank - 1)) if spec.per_channel else list(range(rank))
+            axes_const = self._const(p + "/reduction_indices", axes, tf.int32)
+            batch_min = self._node(p + "/BatchMin", "Min", [x, axes_const],
+                                   T=_FLOAT, Tidx=_INT32)
+            batch_max = self._node(p + "/BatchMax", "Max", [x, axes_const],
+                                   T=_FLOAT, Tidx=_INT32)
+        # TFLite requires 0 inside every range.
+        zero = self._const(p + "/zero", 0.0, tf.float32)
+        lo = self._node(p + "/Minimum", "Minimum", [batch_min, zero], T=_FLOAT)
+        hi = self._node(p + "/Maximum", "Maximum", [batch_max, zero], T=_FLOAT)
+        if spec.symmetric:
+            lo, hi = self._symmetric(p, lo, hi, spec.num_bits, spec.narrow_range)
+        if spec.moving_average:
+            rate = self._const(p + "/ema_rate", 1.0 - float(spec.ema_decay),
+                               tf.float32)
+            lo = self._ema(p + "/AssignMinEma", min_var, lo, rate)
+            hi = self._ema(p + "/AssignMaxEma", max_var, hi, rate)
+        else:
+            lo = self._assign(p + "/AssignMinLast", min_var, lo)
+            hi = self._assign(p + "/AssignMaxLast", max_var, hi)
+        return lo, hi
+
+    def _symmetric(self, p, lo, hi, num_bits, narrow_range):
+        """max = -min * (2^b - 2) / 2^b (-min if narrow), widening one side."""
+        if narrow_range:
+            ratio = -1.0
+        else:
+            # Two's complement: the negative side is one step longer.
+            ratio = -float((1 << num_bits) - 2) / float(1 << num_bits)
+        r = self._const(p + "/symmetric_ratio", ratio, tf.float32)
+        div = self._node(p + "/symmetric_div", "RealDiv", [hi, r], T=_FLOAT)
+        mul = self._node(p + "/symmetric_mul", "Mul", [lo, r], T=_FLOAT)
+        new_lo = self._node(p + "/SymmetricMin", "Minimum", [lo, div], T=_FLOAT)
+        new_hi = self._node(p + "/SymmetricMax", "Maximum", [hi, mul], T=_FLOAT)
+        return new_lo, new_hi
+
+    def _ema(self, scope, var, value, rate):
+        read = self._node(scope + "/ReadVariableOp", "ReadVariableOp", [var],
+                          dtype=_FLOAT)
+        sub = self._node(scope + "/sub", "Sub", [read, value], T=_FLOAT)
+        delta = self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
+        assign = self._node(scope + "/AssignSubVariableOp",
+                            "AssignSubVariableOp", [var, delta], dtype=_FLOAT)
+        return self._node(scope + "/ReadVariableOp_1", "ReadVariableOp", [var],
+                          control=[assign], dtype=_FLOAT)
+
+    def _assign(self, scope, var, value):
+        assign = self._node(scope, "AssignVariableOp", [var, value],
+                            dtype=_FLOAT)
+        return self._node(scope + "/ReadVariableOp", "ReadVariableOp", [var],
+                          control=[assign], dtype=_FLOAT)
+
+    def build(self) -> List[tf.Tensor]:
+        """Adds every quantizer to the graph.
+
+        Returns:
+          The output tensor of each quantizer, in `add` order (the delayed
+          Select when there is a delay, else the FakeQuant output).
+        """
+        if not self._outputs:
+            return []
+        graph = self._graph
+        with graph.as_default(), graph.control_dependencies(None):
+            tf.graph_util.import_graph_def(self._gdef, input_map=self._ext,
+                                           name="")
+            for variable_def, collections in self._variables:
+                var = resource_variable_ops.ResourceVariable(
+                    variable_def=variable_def)
+                for c in collections:
+                    graph.add_to_collection(c, var)
+        return [graph.get_tensor_by_name(name) for name in self._outputs]
 
 
-def _symmetric_range(range_min, range_max, num_bits, narrow_range):
-    """Makes a range symmetric: max = -min * (2^b - 2) / 2^b (-min if narrow)."""
-    if narrow_range:
-        ratio = -1.0
-    else:
-        # Two's complement: the negative side is one step longer.
-        ratio = -float((1 << num_bits) - 2) / float(1 << num_bits)
-    new_min = tf.minimum(range_min, range_max / ratio)
-    new_max = tf.maximum(range_max, range_min * ratio)
-    return new_min, new_max
-
-
-def _fake_quant(inputs, min_value, max_value, per_channel, num_bits,
-                narrow_range):
-    if per_channel:
-        return tf.quantization.fake_quant_with_min_max_vars_per_channel(
-            inputs, min_value, max_value, num_bits=num_bits,
-            narrow_range=narrow_range, name=FAKE_QUANT_NAME)
-    return tf.quantization.fake_quant_with_min_max_vars(
-        inputs, min_value, max_value, num_bits=num_bits,
-        narrow_range=narrow_range, name=FAKE_QUANT_NAME)
-
-
-def _batch_range(inputs, axes):
-    if axes is not None and not axes:
-        # Rank 1 per-channel: every element is its own channel.
-        return inputs, inputs
-    batch_min = tf.reduce_min(inputs, axis=axes, name="BatchMin")
-    batch_max = tf.reduce_max(inputs, axis=axes, name="BatchMax")
-    return batch_min, batch_max
+def _single(spec: QuantizerSpec) -> tf.Tensor:
+    batch = QuantizerBatch(spec.inputs.graph)
+    step = None
+    if spec.quant_delay:
+        step = step_counter.get_or_create_quantization_step(spec.inputs.graph)
+    batch.add(spec, step)
+    return batch.build()[0]
 
 
 def last_value_quantize(inputs: tf.Tensor,
@@ -131,8 +366,7 @@ def last_value_quantize(inputs: tf.Tensor,
                         symmetric: bool = False,
                         init_min: float = -6.0,
                         init_max: float = 6.0,
-                        vars_collection: Optional[str] = (
-                            tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES),
+                        vars_collection: Optional[str] = _DEFAULT_COLLECTION,
                         ) -> tf.Tensor:
     """Quantizes `inputs` with the range of its current value (weights).
 
@@ -155,31 +389,14 @@ def last_value_quantize(inputs: tf.Tensor,
       The FakeQuant output tensor.
 
     Raises:
-      ValueError: on a bad bit width or a per-channel tensor of bad shape.
+      ValueError: on a bad bit width, a per-channel tensor of bad shape or a
+        name already taken.
     """
-    validate_num_bits(num_bits)
-    graph = inputs.graph
-    shape, axes = _channel_shape(inputs, per_channel, inputs.name)
-    with graph.as_default(), graph.control_dependencies(None):
-        min_var, max_var = _variables(graph, prefix, shape, init_min,
-                                      init_max, vars_collection)
-        with graph.name_scope(prefix + "/"):
-            if not is_training:
-                return _fake_quant(inputs, min_var, max_var, per_channel,
-                                   num_bits, narrow_range)
-            batch_min, batch_max = _batch_range(inputs, axes)
-            # TFLite requires 0 inside every range.
-            batch_min = tf.minimum(batch_min, 0.0)
-            batch_max = tf.maximum(batch_max, 0.0)
-            if symmetric:
-                batch_min, batch_max = _symmetric_range(
-                    batch_min, batch_max, num_bits, narrow_range)
-            assign_min = tf.compat.v1.assign(min_var, batch_min,
-                                             name="AssignMinLast")
-            assign_max = tf.compat.v1.assign(max_var, batch_max,
-                                             name="AssignMaxLast")
-            return _fake_quant(inputs, assign_min, assign_max, per_channel,
-                               num_bits, narrow_range)
+    return _single(QuantizerSpec(
+        inputs, prefix, moving_average=False, is_training=is_training,
+        num_bits=num_bits, narrow_range=narrow_range, symmetric=symmetric,
+        per_channel=per_channel, init_min=init_min, init_max=init_max,
+        vars_collection=vars_collection))
 
 
 def moving_avg_quantize(inputs: tf.Tensor,
@@ -192,8 +409,7 @@ def moving_avg_quantize(inputs: tf.Tensor,
                         ema_decay: float = 0.999,
                         init_min: float = -6.0,
                         init_max: float = 6.0,
-                        vars_collection: Optional[str] = (
-                            tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES),
+                        vars_collection: Optional[str] = _DEFAULT_COLLECTION,
                         ) -> tf.Tensor:
     """Quantizes `inputs` with a moving average of its range (activations).
 
@@ -218,36 +434,14 @@ def moving_avg_quantize(inputs: tf.Tensor,
       The FakeQuant output tensor.
 
     Raises:
-      ValueError: on a bad bit width, decay or per-channel shape.
+      ValueError: on a bad bit width, decay, per-channel shape or a name
+        already taken.
     """
-    validate_num_bits(num_bits)
-    if not 0.0 <= float(ema_decay) <= 1.0:
-        raise ValueError(f"ema_decay must be in [0, 1], got {ema_decay!r}.")
-    graph = inputs.graph
-    shape, axes = _channel_shape(inputs, per_channel, inputs.name)
-    with graph.as_default(), graph.control_dependencies(None):
-        min_var, max_var = _variables(graph, prefix, shape, init_min,
-                                      init_max, vars_collection)
-        with graph.name_scope(prefix + "/"):
-            if not is_training:
-                return _fake_quant(inputs, min_var, max_var, per_channel,
-                                   num_bits, narrow_range)
-            batch_min, batch_max = _batch_range(inputs, axes)
-            batch_min = tf.minimum(batch_min, 0.0)
-            batch_max = tf.maximum(batch_max, 0.0)
-            if symmetric:
-                batch_min, batch_max = _symmetric_range(
-                    batch_min, batch_max, num_bits, narrow_range)
-            rate = tf.constant(1.0 - float(ema_decay), tf.float32,
-                               name="ema_rate")
-            with graph.name_scope("AssignMinEma"):
-                assign_min = tf.compat.v1.assign_sub(
-                    min_var, (min_var.read_value() - batch_min) * rate)
-            with graph.name_scope("AssignMaxEma"):
-                assign_max = tf.compat.v1.assign_sub(
-                    max_var, (max_var.read_value() - batch_max) * rate)
-            return _fake_quant(inputs, assign_min, assign_max, per_channel,
-                               num_bits, narrow_range)
+    return _single(QuantizerSpec(
+        inputs, prefix, moving_average=True, is_training=is_training,
+        num_bits=num_bits, narrow_range=narrow_range, symmetric=symmetric,
+        per_channel=per_channel, ema_decay=ema_decay, init_min=init_min,
+        init_max=init_max, vars_collection=vars_collection))
 
 
 def delay_quantization(quantized: tf.Tensor, inputs: tf.Tensor,
@@ -255,7 +449,8 @@ def delay_quantization(quantized: tf.Tensor, inputs: tf.Tensor,
     """Uses `quantized` only once the quantization step reaches the delay.
 
     Both branches are computed (a Select, not a cond), so the range variables
-    keep learning during the delay.
+    keep learning during the delay. (`QuantizerBatch` builds the same ops
+    itself from `QuantizerSpec.quant_delay`.)
 
     Args:
       quantized: the FakeQuant output.

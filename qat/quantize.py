@@ -39,6 +39,7 @@ import tensorflow as tf
 from qat import layer_patterns
 from qat import quant_ops
 from qat import quantize_patterns as qp
+from qat import step_counter
 
 
 @dataclasses.dataclass
@@ -225,6 +226,10 @@ class _Planner(object):
                            and c.type not in qp.METADATA_TYPES]
                 if outside:
                     exits.append(out)
+        if not exits:
+            # Nothing reads the tail yet (a final layer the user fetches).
+            exits = [out for op in tail for out in op.outputs
+                     if _is_float(out) and not out.consumers()]
         rank = layer.outputs[0].shape.rank
         same_rank = [t for t in exits if t.shape.rank == rank]
         exits = same_rank or exits
@@ -320,7 +325,10 @@ class _Planner(object):
         if out is None:
             return
         ctx = _context(layer)
-        activation = self._activation_of(out)
+        if out.op.type in qp.ACTIVATION_TYPES:
+            activation = out.op  # An Identity ending the tail.
+        else:
+            activation = self._activation_of(out)
         if activation is not None:
             act_out = activation.outputs[0]
             self._plan(act_out, ctx, "act_quant", 0.0,
@@ -402,40 +410,26 @@ def _reroute(new: tf.Tensor, old: tf.Tensor, consumers) -> None:
                 op._update_input(i, new)  # pylint: disable=protected-access
 
 
-def _build(plan: _Plan, is_training: bool, weight_bits: int,
-           activation_bits: int, symmetric: bool, ema_decay: float,
-           quant_delay: Optional[int], vars_collection: Optional[str]) -> None:
+def _spec(plan: _Plan, is_training: bool, weight_bits: int,
+          activation_bits: int, symmetric: bool, ema_decay: float,
+          quant_delay: Optional[int],
+          vars_collection: Optional[str]) -> quant_ops.QuantizerSpec:
     t = plan.tensor
-    graph = t.graph
-    if plan.is_weight:
-        source = t
-        reshaped = (plan.per_channel and t.shape.rank == 4
-                    and any(c.type == "DepthwiseConv2dNative"
-                            for c in plan.consumers))
-        if reshaped:
-            # Depthwise filters [h, w, in, mult]: one range per output
-            # channel (in * mult), the last axis of TFLite's layout.
-            with graph.as_default(), graph.name_scope(plan.prefix + "/"):
-                shape = t.shape.as_list()
-                source = tf.reshape(t, shape[:2] + [shape[2] * shape[3]])
-        quantized = quant_ops.last_value_quantize(
-            source, plan.prefix, is_training=is_training,
-            num_bits=weight_bits, per_channel=plan.per_channel,
-            narrow_range=True, symmetric=symmetric,
-            vars_collection=vars_collection)
-        if reshaped:
-            with graph.as_default(), graph.name_scope(plan.prefix + "/"):
-                quantized = tf.reshape(quantized, tf.shape(t))
-    else:
-        quantized = quant_ops.moving_avg_quantize(
-            t, plan.prefix, is_training=is_training,
-            num_bits=activation_bits, narrow_range=False,
-            symmetric=symmetric, ema_decay=ema_decay,
-            init_min=plan.init_min, init_max=6.0,
-            vars_collection=vars_collection)
-    quantized = quant_ops.delay_quantization(quantized, t, quant_delay,
-                                             plan.prefix)
-    _reroute(quantized, t, plan.consumers)
+    reshape = None
+    if (plan.is_weight and plan.per_channel and t.shape.rank == 4
+            and any(c.type == "DepthwiseConv2dNative" for c in plan.consumers)):
+        # Depthwise filters [h, w, in, mult]: one range per output channel
+        # (in * mult), the last axis of TFLite's layout.
+        h, w, cin, mult = t.shape.as_list()
+        reshape = [h, w, cin * mult]
+    return quant_ops.QuantizerSpec(
+        inputs=t, prefix=plan.prefix, moving_average=not plan.is_weight,
+        is_training=is_training,
+        num_bits=weight_bits if plan.is_weight else activation_bits,
+        narrow_range=plan.is_weight, symmetric=symmetric,
+        per_channel=plan.per_channel, ema_decay=ema_decay,
+        init_min=plan.init_min, init_max=6.0, quant_delay=quant_delay,
+        vars_collection=vars_collection, channel_reshape=reshape)
 
 
 def insert_quant_ops(graph: Optional[tf.Graph] = None,
@@ -495,9 +489,21 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
             "it): insert quant ops before creating the session.")
     check_no_optimizer_ops(graph)
     plans = _Planner(graph, is_training, scope, per_channel).run()
-    for plan in plans:
-        _build(plan, is_training, weight_bits, activation_bits, symmetric,
-               ema_decay, quant_delay, vars_collection)
+    if not plans:
+        return []
+    batch = quant_ops.QuantizerBatch(graph)
+    specs = [_spec(plan, is_training, weight_bits, activation_bits, symmetric,
+                   ema_decay, quant_delay, vars_collection) for plan in plans]
+    for spec in specs:
+        spec.validate()
+    step = None
+    if quant_delay:
+        step = step_counter.get_or_create_quantization_step(graph)
+    for spec in specs:
+        batch.add(spec, step)
+    outputs = batch.build()
+    for plan, out in zip(plans, outputs):
+        _reroute(out, plan.tensor, plan.consumers)
     return [plan.prefix for plan in plans]
 
 

@@ -13,11 +13,13 @@ ACTIVATION_TYPES = frozenset(["Relu", "Relu6", "Identity", "LeakyRelu"])
 # Ops that can sit between a layer op and its activation: bias adds, atrous
 # BatchToSpaceND, batch norms (fused, unfused arithmetic, batch statistics) and
 # the training-mode fold tail (divide by the scale, Select between batch and
-# moving statistics after the freeze). A tail op only joins a layer's tail when
+# moving statistics after the freeze). An Identity ending a tail is the
+# layer's activation (an explicit "no activation"). A tail op only joins a layer's tail when
 # every data input it has comes from that layer's tail (the others are
 # parameters), so residual adds never join.
 TAIL_TYPES = frozenset([
-    "BiasAdd", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "Neg",
+    "BiasAdd", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan",
+    "Neg", "Identity",
     "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3",
     "Select", "SelectV2", "Mean", "SquaredDifference", "StopGradient",
     "Squeeze", "Rsqrt", "Sqrt", "Reciprocal", "Reshape", "BatchToSpaceND",
