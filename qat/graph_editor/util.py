@@ -44,15 +44,19 @@ def check_graph_modifiable(graph: tf.Graph, what: str = "edit") -> None:
     """
     if not isinstance(graph, tf.Graph):
         raise TypeError("Expected a tf.Graph, got: {}".format(type(graph)))
+    _check_not_func_graph(graph, what)
+    if graph.finalized:
+        raise RuntimeError(
+            "Cannot {}: the graph is finalized (e.g. by a MonitoredSession); "
+            "edit the graph before finalizing it.".format(what))
+
+
+def _check_not_func_graph(graph, what: str) -> None:
     if isinstance(graph, _func_graph.FuncGraph):
         raise ValueError(
             "Cannot {} ops of FuncGraph {!r}: the graph editor works on tf.Graph "
             "graphs built in graph mode (tf.compat.v1); build the model in a "
             "tf.Graph instead of inside a tf.function.".format(what, graph.name))
-    if graph.finalized:
-        raise RuntimeError(
-            "Cannot {}: the graph is finalized (e.g. by a MonitoredSession); "
-            "edit the graph before finalizing it.".format(what))
 
 
 def concatenate_unique(la: list, lb: Iterable) -> list:
@@ -228,8 +232,8 @@ def get_unique_graph(tops, check_types=None, none_if_empty: bool = False):
 
     Raises:
       TypeError: if `tops` is not iterable or an item has the wrong type.
-      ValueError: if the items belong to different graphs, or `tops` is empty
-        and `none_if_empty` is False.
+      ValueError: if the items belong to different graphs or to a FuncGraph,
+        or `tops` is empty and `none_if_empty` is False.
     """
     if isinstance(tops, tf.Graph):
         return tops
@@ -254,6 +258,9 @@ def get_unique_graph(tops, check_types=None, none_if_empty: bool = False):
                 "use ops and tensors of one graph.".format(_describe(item)))
     if graph is None and not none_if_empty:
         raise ValueError("Can't find the unique graph of an empty list")
+    if graph is not None:
+        # FuncGraph tensors are unhashable and compare element-wise.
+        _check_not_func_graph(graph, "select")
     return graph
 
 
