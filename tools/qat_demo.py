@@ -1,14 +1,265 @@
-"""End-to-end demo of qat (work in progress: only the parts that exist run)."""
-from absl import app
+"""End-to-end qat demo: float training, quantization-aware fine-tuning, TFLite.
 
-import qat
+On the UCI handwritten digits (sklearn's load_digits, 8x8 images, no
+download) this trains a small conv -> BN -> ReLU (x2) -> max-pool -> dense
+network in tf.compat.v1 graph mode, the TF1 contrib recipe end to end:
+
+  1. float training graph; train; save a float checkpoint;
+  2. new graph, same model, qat.create_training_graph(); restore the float
+     weights; fine-tune; save the QAT checkpoint;
+  3. new graph, model in inference mode, qat.create_eval_graph(); restore the
+     QAT checkpoint; export uint8 and int8 TFLite models (qat.export);
+  4. print accuracies, eval graph <-> TFLite top-1 agreement, sizes, times.
+
+Exits with status 1 when a TFLite model loses more than --max_accuracy_drop
+points against the float model or agrees with the eval graph on less than
+--min_agreement percent of the test examples.
+"""
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.compat.v1.layers
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("epochs", 30, "Float training epochs.")
+flags.DEFINE_integer("qat_epochs", 20, "Quantization-aware fine-tuning epochs.")
+flags.DEFINE_string("output_dir", "out/demo", "Checkpoints and .tflite models go here.")
+flags.DEFINE_integer("batch_size", 32, "Training batch size.")
+flags.DEFINE_float("learning_rate", 3e-3, "Adam learning rate of float training.")
+flags.DEFINE_float("qat_learning_rate", 3e-4, "Adam learning rate of the QAT fine-tuning.")
+flags.DEFINE_integer("seed", 0, "Seed of the split, the initial weights and the shuffling.")
+flags.DEFINE_bool("symmetric", True,
+                  "Symmetric ranges via qat.experimental_create_{training,eval}_graph("
+                  "symmetric=True): the int8 TFLite kernels need weights with zero point 0. "
+                  "With --nosymmetric the contrib-default qat.create_training_graph / "
+                  "create_eval_graph (asymmetric) are used and only uint8 is exported.")
+flags.DEFINE_float("max_accuracy_drop", 1.0,
+                   "Largest allowed TFLite accuracy loss against float, in points.")
+flags.DEFINE_float("min_agreement", 99.0,
+                   "Smallest allowed eval graph <-> TFLite top-1 agreement, in percent.")
+
+INPUT_NAME = "images"
+OUTPUT_NAME = "probabilities"
+INPUT_RANGE = (0.0, 1.0)  # Pixels 0..16 scaled by 1/16.
+
+
+def load_data(seed: int):
+    """Returns (x_train, y_train, x_test, y_test): NHWC float images in [0, 1]."""
+    from sklearn import datasets, model_selection  # pylint: disable=g-import-not-at-top
+    digits = datasets.load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[..., np.newaxis]
+    y = digits.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = model_selection.train_test_split(
+        x, y, test_size=0.25, random_state=seed, stratify=y)
+    return x_train, y_train, x_test, y_test
+
+
+def build_model(images, is_training: bool):
+    """conv3x3(16) -> BN -> ReLU -> conv3x3(32) -> BN -> ReLU -> maxpool -> dense(10).
+
+    Returns the logits; inference graphs add the softmax output.
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    layers = tf.compat.v1.layers
+    with tf.compat.v1.variable_scope("digits"):
+        net = images
+        for i, channels in enumerate((16, 32), start=1):
+            net = layers.conv2d(net, channels, 3, padding="same", use_bias=False,
+                                name=f"conv{i}")
+            net = layers.batch_normalization(net, training=is_training, fused=True,
+                                             name=f"conv{i}/bn")
+            net = tf.nn.relu(net, name=f"conv{i}/relu")
+        net = layers.max_pooling2d(net, 2, 2, name="pool")
+        net = layers.flatten(net, name="flatten")
+        return layers.dense(net, 10, name="logits")
+
+
+def _train_graph(quantize: bool, seed: int):
+    """Builds a training graph; with `quantize`, rewritten by create_training_graph."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import qat  # pylint: disable=g-import-not-at-top
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(seed)
+        images = tf1.placeholder(tf.float32, [None, 8, 8, 1], name=INPUT_NAME)
+        labels = tf1.placeholder(tf.int64, [None], name="labels")
+        logits = build_model(images, is_training=True)
+        model_variables = tf1.global_variables()
+        if quantize:  # Before the optimizer, as in contrib.
+            if FLAGS.symmetric:
+                qat.experimental_create_training_graph(graph, symmetric=True)
+            else:
+                qat.create_training_graph(graph)
+        loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+        rate = FLAGS.qat_learning_rate if quantize else FLAGS.learning_rate
+        with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+            train_op = tf1.train.AdamOptimizer(rate).minimize(loss)
+        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), labels), tf.float32))
+        init = tf1.global_variables_initializer()
+        float_saver = tf1.train.Saver(model_variables)
+        saver = tf1.train.Saver()
+    return graph, dict(images=images, labels=labels, loss=loss, train_op=train_op,
+                       accuracy=accuracy, init=init, float_saver=float_saver, saver=saver)
+
+
+def train(phase: str, quantize: bool, epochs: int, data, restore_from, save_to: str, seed: int):
+    """Trains (or fine-tunes) and saves a checkpoint; returns its prefix."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    x_train, y_train = data[0], data[1]
+    graph, t = _train_graph(quantize, seed)
+    rng = np.random.RandomState(seed + (1 if quantize else 0))
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(t["init"])
+        if restore_from:
+            t["float_saver"].restore(sess, restore_from)  # Float weights only.
+        for epoch in range(1, epochs + 1):
+            start = time.perf_counter()
+            order = rng.permutation(len(x_train))
+            losses, accuracies = [], []
+            for i in range(0, len(order), FLAGS.batch_size):
+                batch = order[i:i + FLAGS.batch_size]
+                _, loss, acc = sess.run([t["train_op"], t["loss"], t["accuracy"]],
+                                        {t["images"]: x_train[batch], t["labels"]: y_train[batch]})
+                losses.append(loss)
+                accuracies.append(acc)
+            logging.info("%s epoch %d/%d: loss %.4f, train accuracy %.2f%% (%.1f s)", phase,
+                         epoch, epochs, np.mean(losses), 100 * np.mean(accuracies),
+                         time.perf_counter() - start)
+        tf.io.gfile.makedirs(os.path.dirname(save_to))
+        return t["saver"].save(sess, save_to)
+
+
+def eval_session(checkpoint: str, quantize: bool):
+    """Builds the inference graph (create_eval_graph when `quantize`), restores it."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import qat  # pylint: disable=g-import-not-at-top
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        images = tf1.placeholder(tf.float32, [None, 8, 8, 1], name=INPUT_NAME)
+        logits = build_model(images, is_training=False)
+        tf.nn.softmax(logits, name=OUTPUT_NAME)
+        if quantize:
+            if FLAGS.symmetric:
+                qat.experimental_create_eval_graph(graph, symmetric=True)
+            else:
+                qat.create_eval_graph(graph)
+        saver = tf1.train.Saver()
+        sess = tf1.Session(graph=graph)
+        saver.restore(sess, checkpoint)
+    return sess
+
+
+def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
+    return 100.0 * float(np.mean(np.argmax(logits, axis=1) == labels))
 
 
 def main(argv):
     del argv
-    print(f"qat {qat.__version__}: the end-to-end demo is not built yet "
-          "(see issue 'TFLite export pipeline').")
-    return 1
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from qat import export  # pylint: disable=g-import-not-at-top
+    tf.compat.v1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    total_start = time.perf_counter()
+    times = {}
+    data = load_data(FLAGS.seed)
+    x_test, y_test = data[2], data[3]
+    logging.info("digits: %d training, %d test images", len(data[0]), len(x_test))
+    ckpt_dir = os.path.join(FLAGS.output_dir, "checkpoints")
+
+    start = time.perf_counter()
+    float_ckpt = train("float", False, FLAGS.epochs, data, None,
+                       os.path.join(ckpt_dir, "float", "model.ckpt"), FLAGS.seed)
+    times["float training"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    qat_ckpt = train("qat", True, FLAGS.qat_epochs, data, float_ckpt,
+                     os.path.join(ckpt_dir, "qat", "model.ckpt"), FLAGS.seed)
+    times["QAT fine-tuning"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    float_sess = eval_session(float_ckpt, quantize=False)
+    float_probs = export.run_graph(float_sess, INPUT_NAME, OUTPUT_NAME, x_test)
+    float_frozen = export.freeze_session(float_sess, [OUTPUT_NAME])
+    float_sess.close()
+    float_tflite = export.write_model(
+        _convert_float(float_frozen), os.path.join(FLAGS.output_dir, "model_float.tflite"))
+    qat_sess = eval_session(qat_ckpt, quantize=True)
+    qat_probs = export.run_graph(qat_sess, INPUT_NAME, OUTPUT_NAME, x_test)
+    times["evaluation"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    try:
+        results = export.export_tflite(
+            [INPUT_NAME], [OUTPUT_NAME], FLAGS.output_dir, sess=qat_sess,
+            flavours=("uint8", "int8") if FLAGS.symmetric else ("uint8",),
+            default_input_range=INPUT_RANGE, parity_inputs=x_test)
+    except export.ExportError as e:
+        logging.error("export of the QAT eval graph failed: %s", e)
+        return 1
+    finally:
+        qat_sess.close()
+    times["TFLite export + parity"] = time.perf_counter() - start
+    tflite_acc = {f: accuracy(export.run_tflite(r.model, x_test), y_test)
+                  for f, r in results.items()}
+
+    float_acc = accuracy(float_probs, y_test)
+    rows = [("float (eval graph)", float_acc, None, os.path.getsize(float_tflite), "float32"),
+            ("QAT eval graph", accuracy(qat_probs, y_test), None, None, "fake quant")]
+    for flavour, result in results.items():
+        rows.append((f"TFLite {flavour}", tflite_acc[flavour], result.parity, result.size_bytes,
+                     "fully integer"))
+    print()
+    print(f"UCI digits test split: {len(x_test)} images (seed {FLAGS.seed}), "
+          f"{FLAGS.epochs} float + {FLAGS.qat_epochs} QAT epochs")
+    print(f"{'model':<20} {'accuracy':>9} {'vs float':>9} {'top-1 agree':>12} "
+          f"{'max diff':>10} {'size':>10}  kernels")
+    for name, acc, par, size, kind in rows:
+        agree = f"{100 * par.top1_agreement:.2f}%" if par else "-"
+        diff = f"{par.max_diff_steps:.1f} steps" if par else "-"
+        size_text = f"{size / 1024:.1f} KiB" if size else "-"
+        print(f"{name:<20} {acc:>8.2f}% {acc - float_acc:>+8.2f}  {agree:>12} {diff:>10} "
+              f"{size_text:>10}  {kind}")
+    print("(top-1 agree / max diff: TFLite vs the QAT eval graph on the test images; "
+          "diff in output quantization steps)")
+    print("size ratio float/quantized: " + ", ".join(
+        f"{flavour} {os.path.getsize(float_tflite) / r.size_bytes:.2f}x"
+        for flavour, r in results.items()))
+    times["total"] = time.perf_counter() - total_start
+    print("wall times: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
+    print(f"models: {', '.join(r.path for r in results.values())}")
+
+    failures = []
+    for flavour, result in results.items():
+        if float_acc - tflite_acc[flavour] > FLAGS.max_accuracy_drop:
+            failures.append(f"TFLite {flavour} accuracy {tflite_acc[flavour]:.2f}% is more than "
+                            f"{FLAGS.max_accuracy_drop} points below float {float_acc:.2f}%")
+        if 100 * result.parity.top1_agreement < FLAGS.min_agreement:
+            failures.append(f"TFLite {flavour} agrees with the eval graph on "
+                            f"{100 * result.parity.top1_agreement:.2f}% < {FLAGS.min_agreement}%")
+    for failure in failures:
+        logging.error("%s", failure)
+    print("PASS" if not failures else "FAIL: " + "; ".join(failures))
+    return 1 if failures else 0
+
+
+def _convert_float(frozen) -> bytes:
+    """A float TFLite model of the float eval graph, for the size comparison."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.import_graph_def(frozen, name="")
+        with tf.compat.v1.Session(graph=graph) as sess:
+            converter = tf.compat.v1.lite.TFLiteConverter.from_session(
+                sess, [graph.get_tensor_by_name(INPUT_NAME + ":0")],
+                [graph.get_tensor_by_name(OUTPUT_NAME + ":0")])
+    return converter.convert()
 
 
 if __name__ == "__main__":

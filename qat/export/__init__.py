@@ -12,8 +12,8 @@ from qat.export.errors import (CheckpointError, ConversionError, ExportError, Fl
                                GraphLoadError, ParityError, TensorNameError)
 from qat.export.freeze import (check_tensor_names, checkpoint_prefix, freeze_graph_file,
                                freeze_session, load_graph_file)
-from qat.export.inspect import (FloatOp, ModelReport, check_fully_integer, describe_model,
-                                find_float_ops)
+from qat.export.inspect import (FloatOp, ModelReport, check_fully_integer, check_runnable,
+                                describe_model, find_float_ops)
 from qat.export.parity import (ParityReport, check_parity, compare_outputs, parity_failures,
                                run_graph,
                                run_tflite)
@@ -22,7 +22,7 @@ from qat.export.pipeline import ExportedModel, export_tflite
 __all__ = [
     "FLAVOURS", "CheckpointError", "ConversionError", "ExportError", "ExportedModel",
     "FloatOp", "FloatOpError", "GraphLoadError", "ModelReport", "ParityError", "ParityReport",
-    "TensorNameError", "check_fully_integer", "check_parity", "check_tensor_names",
+    "TensorNameError", "check_fully_integer", "check_parity", "check_runnable", "check_tensor_names",
     "checkpoint_prefix", "compare_outputs", "convert_frozen_graph", "describe_model",
     "export_tflite", "find_float_ops", "freeze_graph_file", "freeze_session",
     "input_range_from_fake_quant", "load_graph_file", "parity_failures", "quantized_input_stats", "run_graph",

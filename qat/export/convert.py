@@ -11,6 +11,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from qat.export.errors import ConversionError, ExportError
 from qat.export.freeze import check_tensor_names, op_name, tensor_name
@@ -86,7 +87,8 @@ def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
                          output_names: Sequence[str],
                          flavour: str,
                          input_ranges: Optional[Mapping[str, Tuple[float, float]]] = None,
-                         int8_io: bool = False) -> bytes:
+                         int8_io: bool = False,
+                         default_input_range: Optional[Tuple[float, float]] = None) -> bytes:
     """Converts a frozen eval graph to a TFLite flatbuffer.
 
     Args:
@@ -94,10 +96,13 @@ def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
       input_names: input tensor names (placeholders).
       output_names: output tensor names.
       flavour: "uint8" (legacy quantized_input_stats model) or "int8".
-      input_ranges: {input name: (min, max)} of the real input values. An input
-        missing here takes the range of the FakeQuant that reads it, if any.
+      input_ranges: {input name: (min, max)} of the real input values, for
+        inputs no FakeQuant reads (the converter uses a FakeQuant's range when
+        there is one; a different range given here is ignored with a warning).
       int8_io: for "int8", make the model's input and output int8 instead of
         float.
+      default_input_range: the range of inputs neither in `input_ranges` nor
+        read by a FakeQuant.
 
     Returns:
       The .tflite model bytes.
@@ -114,7 +119,13 @@ def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
     ranges = {op_name(k): v for k, v in (input_ranges or {}).items()}
     stats = {}
     for name in input_names:
-        rng = ranges.get(op_name(name)) or input_range_from_fake_quant(graph_def, name)
+        from_fake_quant = input_range_from_fake_quant(graph_def, name)
+        given = ranges.get(op_name(name))
+        if from_fake_quant and given and not np.allclose(from_fake_quant, given):
+            # The converter takes an input FakeQuant's range over quantized_input_stats.
+            logging.warning("input %s: range %s ignored, the FakeQuant reading it has %s",
+                            name, tuple(given), from_fake_quant)
+        rng = from_fake_quant or given or default_input_range
         if rng is None:
             raise ExportError(
                 f"input {name!r} has no range: it feeds no FakeQuant op, so give the real "

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 from ai_edge_litert import interpreter as litert
 
-from qat.export.errors import FloatOpError
+from qat.export.errors import ConversionError, FloatOpError
 
 _FLOAT_TYPES = (np.float16, np.float32, np.float64)
 
@@ -103,11 +103,13 @@ def describe_model(model: bytes) -> ModelReport:
     Returns:
       A ModelReport.
     """
-    interp = make_interpreter(model)
-    interp.allocate_tensors()
+    interp = make_interpreter(model)  # Not allocated: a model kernels refuse still reads.
     tensors = {}
     for t in interp.get_tensor_details():
         scale, zero_point = t["quantization"]
+        zero_points = t["quantization_parameters"]["zero_points"]
+        if zero_points.size > 1:  # Per-channel: report the first nonzero one, if any.
+            zero_point = int(zero_points[np.flatnonzero(zero_points)[0]]) if zero_points.any() else 0
         tensors[t["index"]] = TensorInfo(t["index"], t["name"], t["dtype"],
                                          tuple(int(d) for d in t["shape"]),
                                          float(scale), int(zero_point))
@@ -201,6 +203,43 @@ def check_fully_integer(model: bytes,
             "qat, report the op pattern the quantize pass missed) and convert again.",
             float_ops)
     return report
+
+
+_WEIGHT_OPS = frozenset(["CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV"])
+
+
+def check_runnable(model: bytes, graph_def: Optional[tf.compat.v1.GraphDef] = None,
+                   label: str = "model") -> None:
+    """Raises ConversionError if the TFLite kernels refuse to prepare `model`.
+
+    The usual cause with qat graphs: int8 kernels need symmetric weights (zero
+    point 0), which asymmetric (contrib default) weight ranges do not give.
+
+    Raises:
+      ConversionError: with the kernel's message and the weights at fault.
+    """
+    interp = make_interpreter(model)
+    try:
+        interp.allocate_tensors()
+    except (RuntimeError, ValueError) as e:
+        report = describe_model(model)
+        nodes = {n.name: n.op for n in graph_def.node} if graph_def is not None else {}
+        bad = []
+        for op in report.ops:
+            if op.name in _WEIGHT_OPS and len(op.inputs) > 1:
+                weights = report.tensors[op.inputs[1]]
+                if np.dtype(weights.dtype) == np.int8 and weights.zero_point != 0:
+                    names = [n for n, _ in _tf_ops_for(weights.name, nodes)] or [weights.name]
+                    bad.append(f"{op.name} #{op.index} weights {names} zero point "
+                               f"{weights.zero_point}")
+        hint = ""
+        if bad:
+            hint = ("\nint8 kernels need symmetric weights (zero point 0); asymmetric weight "
+                    "ranges: " + "; ".join(bad) + ". Build the training and eval graphs with "
+                    "qat.experimental_create_training_graph(symmetric=True) and "
+                    "qat.experimental_create_eval_graph(symmetric=True), or export uint8.")
+        raise ConversionError(f"{label}: the TFLite runtime refuses the model: "
+                              f"{str(e).strip()}{hint}") from e
 
 
 def tensor_types(report: ModelReport, indices: Sequence[int]) -> List[str]:

@@ -38,6 +38,7 @@ def export_tflite(input_names: Sequence[str],
                   name: str = "model",
                   input_ranges: Optional[Mapping[str, Tuple[float, float]]] = None,
                   int8_io: bool = False,
+                  default_input_range: Optional[Tuple[float, float]] = None,
                   require_integer: bool = True,
                   parity_inputs: Optional[np.ndarray] = None,
                   min_top1_agreement: Optional[float] = None,
@@ -60,6 +61,8 @@ def export_tflite(input_names: Sequence[str],
       input_ranges: {input: (min, max)} real input ranges; see
         convert.convert_frozen_graph.
       int8_io: int8 instead of float input/output for the int8 flavour.
+      default_input_range: range of inputs that have neither an entry in
+        `input_ranges` nor a FakeQuant reading them.
       require_integer: raise FloatOpError if an op is left in float.
       parity_inputs: if given, run the models and the graph on these inputs.
       min_top1_agreement, max_diff_steps: parity thresholds (ParityError).
@@ -89,13 +92,15 @@ def export_tflite(input_names: Sequence[str],
     for flavour in flavours:
         start = time.perf_counter()
         model = convert.convert_frozen_graph(frozen, input_names, output_names, flavour,
-                                             input_ranges=input_ranges, int8_io=int8_io)
+                                             input_ranges=input_ranges, int8_io=int8_io,
+                                             default_input_range=default_input_range)
         seconds = time.perf_counter() - start
         path = convert.write_model(model, os.path.join(output_dir, f"{name}_{flavour}.tflite"))
         if require_integer:
             report = inspect.check_fully_integer(model, frozen, label=path)
         else:
             report = inspect.describe_model(model)
+        inspect.check_runnable(model, frozen, label=path)
         parity_report = None
         if parity_inputs is not None:
             parity_report = parity.check_parity(
