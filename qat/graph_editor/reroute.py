@@ -6,7 +6,7 @@ checked first, then applied: on bad input the graph is left unchanged. The
 work is linear in the consumers of the tensors involved.
 """
 import enum
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import tensorflow as tf
 
