@@ -250,6 +250,7 @@ def _function_batch_norms(graph: tf.Graph) -> List[Tuple[str, str]]:
         return []
     library = {f.signature.name: f for f in graph.as_graph_def().library.function}
     found = []
+    reported = set()
     for op in flow_ops:
         pending = []
         for attr in op.node_def.attr.values():
@@ -263,9 +264,12 @@ def _function_batch_norms(graph: tf.Graph) -> List[Tuple[str, str]]:
                 continue
             visited.add(fname)
             for node in library[fname].node_def:
-                if node.op in layer_patterns.FUSED_BATCH_NORM_TYPES:
+                name = "%s/%s" % (op.name, node.name)
+                if (node.op in layer_patterns.FUSED_BATCH_NORM_TYPES
+                        and name not in reported):
+                    reported.add(name)  # Once, though in both branches.
                     found.append((
-                        "%s/%s" % (op.name, node.name),
+                        name,
                         "inside the function %s of the %s op %s, which the "
                         "fold cannot edit; build the model with training=True "
                         "or False as a Python bool (not a tensor) so batch "
