@@ -197,8 +197,10 @@ def gradients(ys, xs, grad_ys=None,
             seed_ops = [t.op for t in outputs if t.op in region_set]
             if not seed_ops:
                 return
+            # within_ops_fn: O(1) per visited op, no per-segment set rebuild.
             seg_ops = ge.get_backward_walk_ops(
-                seed_ops, inclusive=True, within_ops=region_set, stop_at_ts=stop_at)
+                seed_ops, inclusive=True, within_ops_fn=region_set.__contains__,
+                stop_at_ts=stop_at)
             _, info = ge.copy_with_input_replacements(ge.sgv(seg_ops), {})
             copied_ops = list(info._transformed_ops.values())  # pylint: disable=protected-access
             seg_set = set(seg_ops)
