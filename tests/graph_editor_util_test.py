@@ -237,6 +237,11 @@ class TreeTest(absltest.TestCase):
         self.assertEqual(view[2], 3)
         self.assertEqual(list(view), la)
         self.assertEqual(view + [5], [1, 2, 3, 4, 5])
+        self.assertEqual([0] + view, [0, 1, 2, 3, 4])
+        self.assertTrue(view == la)
+        self.assertTrue(view == util.ListView(list(la)))
+        self.assertTrue(view != [1, 2])
+        self.assertEqual(view.index(3), 2)
         self.assertTrue(view)
         self.assertFalse(util.ListView([]))
         with self.assertRaises(TypeError):

@@ -28,6 +28,18 @@ def concatenate_unique(la: list, lb: Iterable) -> list:
     return la
 
 
+_GRAPH_TYPES = (tf.Tensor, tf.Operation, tf.Variable)
+
+
+def _same(a, b) -> bool:
+    # Graph objects compare by identity (Tensor.__eq__ may build an op).
+    if a is b:
+        return True
+    if isinstance(a, _GRAPH_TYPES) or isinstance(b, _GRAPH_TYPES):
+        return False
+    return a == b
+
+
 class ListView(object):
     """A read-only view of a list (item assignment raises TypeError)."""
 
@@ -49,7 +61,19 @@ class ListView(object):
         return self._list[i]
 
     def __contains__(self, item):
-        return any(item is x for x in self._list)
+        return any(_same(item, x) for x in self._list)
+
+    def __eq__(self, other):
+        if not isinstance(other, (list, tuple, ListView)):
+            return NotImplemented
+        return len(self) == len(other) and all(
+            _same(a, b) for a, b in zip(self._list, other))
+
+    def __ne__(self, other):
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    __hash__ = None
 
     def __add__(self, other):
         if not isinstance(other, list):
@@ -61,7 +85,7 @@ class ListView(object):
 
     def index(self, item) -> int:
         for i, x in enumerate(self._list):
-            if x is item:
+            if _same(x, item):
                 return i
         raise ValueError("{} is not in the list".format(item))
 
