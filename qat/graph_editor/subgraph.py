@@ -226,8 +226,10 @@ class SubGraphView(object):
         def op_name(op):
             return op.name
 
+        passthroughs = set(self._passthrough_ts)
+
         def tensor_name(t):
-            if t in self._passthrough_ts:
+            if t in passthroughs:
                 return "{} *".format(t.name)
             return t.name
 
