@@ -233,6 +233,27 @@ class SubGraphRerouteTest(absltest.TestCase):
         self.assertEqual(self._run([self.out_f, self.out_g]), [3.0, 30.0])
 
 
+class KerasGraphTest(absltest.TestCase):
+
+    def test_bypass_keras_batch_norm(self):
+        import tf_keras  # pylint: disable=import-outside-toplevel
+        graph = tf.Graph()
+        with graph.as_default():
+            inputs = tf.compat.v1.placeholder(tf.float32, [1, 4, 4, 2], name="inputs")
+            conv = tf_keras.layers.Conv2D(3, 3, padding="same", name="conv")(inputs)
+            bn = tf_keras.layers.BatchNormalization(name="bn")(conv, training=False)
+            out = tf.nn.relu(bn, name="out")
+            init = tf.compat.v1.global_variables_initializer()
+        self.assertEqual(out.op.inputs[0].op.type, "FusedBatchNormV3")
+        self.assertEqual(ge.reroute_ts(conv, bn), 1)
+        self.assertIs(out.op.inputs[0], conv)
+        x = np.random.RandomState(0).randn(1, 4, 4, 2).astype(np.float32)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(init)
+            got, conv_value = sess.run([out, conv], {inputs: x})
+        np.testing.assert_allclose(got, np.maximum(conv_value, 0.0))
+
+
 class ControlInputsTest(absltest.TestCase):
 
     def test_add_remove(self):
