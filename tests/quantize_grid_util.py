@@ -14,7 +14,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
-from qat import quant_ops  # pylint: disable=g-import-not-at-top
+from qat import quantize  # pylint: disable=g-import-not-at-top
 
 ACTIVATIONS = ("Relu6", "Relu", "Identity", "LeakyRelu")
 RESIDUALS = ("none", "pre", "post")
@@ -23,6 +23,7 @@ VARIABLES = ("resource", "ref")
 SCOPES = (None, "test")
 LAYERS = ("conv", "fc", "depthwise", "atrous")
 BATCH_NORMS = ("none", "fused", "unfused")
+MODES = ("train", "eval")
 
 _ACT_FNS = {
     "Relu6": tf.nn.relu6,
@@ -33,14 +34,15 @@ _ACT_FNS = {
 
 
 def grid(layers=LAYERS):
-    """Every (activation, residual, delay, variables, scope, layer, bn) case."""
+    """Every (activation, residual, delay, variables, scope, layer, bn, mode)."""
     for case in itertools.product(ACTIVATIONS, RESIDUALS, DELAYS, VARIABLES,
-                                  SCOPES, layers, BATCH_NORMS):
+                                  SCOPES, layers, BATCH_NORMS, MODES):
         name = "_".join(str(c) for c in case)
         yield (name,) + case
 
 
-def build(activation, residual, variables, scope, layer, batch_norm):
+def build(activation, residual, variables, scope, layer, batch_norm,
+          is_training=True):
     """Builds one case's float graph.
 
     Returns:
@@ -83,7 +85,8 @@ def build(activation, residual, variables, scope, layer, batch_norm):
                     y = tf.nn.bias_add(y, b, name="BiasAdd")
                 else:
                     y = tf.compat.v1.layers.batch_normalization(
-                        y, training=True, fused=(batch_norm == "fused"),
+                        y, training=is_training,
+                        fused=(batch_norm == "fused"),
                         name="BatchNorm")
                 if residual == "pre":
                     y = tf.add(y, x, name="bypass/Add")
@@ -98,3 +101,112 @@ def build(activation, residual, variables, scope, layer, batch_norm):
         out = tf.nn.sigmoid(y, name="consumer")
         t["consumer"] = out.op
     return g, t
+
+
+def _output(fq_op):
+    """The tensor consumers read from a quantizer: its delay Select, if any."""
+    out = fq_op.outputs[0]
+    for c in out.consumers():
+        if c.type == "SelectV2" and c.name.endswith("/delayed_quant"):
+            return c.outputs[0]
+    return out
+
+
+class GridChecks(object):
+    """Mixin for an absltest/parameterized TestCase: `check_case(...)`."""
+
+    def check_case(self, activation, residual, delay, variables, scope, layer,
+                   batch_norm, mode):
+        training = mode == "train"
+        g, t = build(activation, residual, variables, scope, layer, batch_norm,
+                     training)
+        rewrite = (qat.experimental_create_training_graph if training
+                   else qat.experimental_create_eval_graph)
+        layer_op = t["layer"]
+        float_weights = layer_op.inputs[1]
+        x = t["input"]
+        first_op = [c for c in x.consumers() if c.type != "AddV2"][0]
+        with g.as_default():
+            rewrite(g, quant_delay=delay, scope=scope)
+        ctx = layer_op.name.rsplit("/", 1)[0]
+        bypass_ctx = (scope + "/" if scope else "") + "layer/bypass"
+        fq_ops = {op.name[:-len("/FakeQuantWithMinMaxVars")]: op
+                  for op in g.get_operations()
+                  if op.type == "FakeQuantWithMinMaxVars"}
+        expected = {ctx + "/weights_quant", "input/input_quant"}
+        act, add, consumer = t["act"], t.get("add"), t["consumer"]
+        if residual == "none":
+            expected.add(ctx + "/act_quant")
+        elif residual == "pre":
+            expected |= {ctx + "/conv_quant", bypass_ctx + "/act_quant"}
+        else:
+            expected |= {ctx + "/act_quant",
+                         bypass_ctx + "/post_activation_bypass_quant"}
+        self.assertEqual(set(fq_ops), expected)
+
+        def check(prefix, input_tensor, consumers, narrow=False):
+            fq = fq_ops[prefix]
+            if input_tensor is not None:
+                self.assertIs(fq.inputs[0], input_tensor, prefix)
+            self.assertEqual(fq.get_attr("narrow_range"), narrow, prefix)
+            out = _output(fq)
+            self.assertEqual({c.name for c in out.consumers()},
+                             {c.name for c in consumers}, prefix)
+            for i, var in ((1, "min"), (2, "max")):
+                read = fq.inputs[i].op
+                self.assertEqual(read.type, "ReadVariableOp", prefix)
+                self.assertEqual(read.inputs[0].op.name, prefix + "/" + var)
+                if training:  # The range feeds after its update.
+                    self.assertLen(read.control_inputs, 1)
+                    self.assertIn(read.control_inputs[0].type,
+                                  ("AssignVariableOp", "AssignSubVariableOp"))
+                else:  # Eval: the variable's value, nothing updates it.
+                    self.assertEmpty(read.control_inputs)
+                    self.assertEqual(
+                        [c.type for c in read.inputs[0].consumers()
+                         if c.type.startswith("Assign")], ["AssignVariableOp"])
+            if delay:
+                select = out.op
+                self.assertEqual(select.type, "SelectV2", prefix)
+                self.assertIs(select.inputs[1], fq.outputs[0])
+                self.assertIs(select.inputs[2], fq.inputs[0])
+                cond = select.inputs[0].op
+                self.assertEqual(cond.type, "GreaterEqual")
+                self.assertIs(cond.inputs[0],
+                              qat.step_counter.get_quantization_step(g))
+                self.assertEqual(
+                    tf.make_ndarray(cond.inputs[1].op.get_attr("value")), delay)
+            else:
+                self.assertIs(out, fq.outputs[0])
+            return fq
+
+        w_fq = check(ctx + "/weights_quant", None, [layer_op], narrow=True)
+        self.assertIs(layer_op.inputs[1], _output(w_fq))
+        if batch_norm == "none":
+            self.assertIs(w_fq.inputs[0], float_weights)
+        else:  # Folded: w * scale.
+            self.assertEqual(w_fq.inputs[0].op.type, "Mul")
+            self.assertIn(float_weights, list(w_fq.inputs[0].op.inputs))
+        input_consumers = [first_op] + ([add] if residual != "none" else [])
+        check("input/input_quant", x, input_consumers)
+        if residual == "none":
+            check(ctx + "/act_quant", act.outputs[0], [consumer])
+        elif residual == "pre":
+            conv_fq = check(ctx + "/conv_quant", None, [add])
+            expected_type = ("SelectV2" if training and batch_norm != "none"
+                             else "BiasAdd")
+            self.assertEqual(conv_fq.inputs[0].op.type, expected_type)
+            self.assertIs(act.inputs[0], add.outputs[0])
+            check(bypass_ctx + "/act_quant", act.outputs[0], [consumer])
+        else:
+            check(ctx + "/act_quant", act.outputs[0], [add])
+            check(bypass_ctx + "/post_activation_bypass_quant",
+                  add.outputs[0], [consumer])
+        # Layer output reaches the activation without a FakeQuant in between.
+        if residual != "pre":
+            self.assertFalse(quantize.is_quantized_output(act.inputs[0]))
+        # Idempotent.
+        before = g.as_graph_def()
+        with g.as_default():
+            rewrite(g, quant_delay=delay, scope=scope)
+        self.assertEqual(g.as_graph_def(), before)
