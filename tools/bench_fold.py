@@ -1,0 +1,88 @@
+"""Times qat fold_batch_norms on tf_keras MobileNetV2 and ResNet50 graphs.
+
+Each model (weights=None) is built in graph mode with the learning phase set
+(training and inference), then folded with is_training matching; the tool
+prints the graph build time, the fold time, the number of batch norms folded
+and the graph's op count before and after, for each model and mode. With
+--repeats N each measurement builds a fresh graph N times and reports the
+median fold time.
+
+  .venv/bin/python tools/bench_fold.py
+  .venv/bin/python tools/bench_fold.py --models=resnet50 --repeats=3
+"""
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("models", ["mobilenet_v2", "resnet50"],
+                  "Models to fold: mobilenet_v2 (96x96 input), resnet50 (64x64).")
+flags.DEFINE_list("modes", ["train", "eval"], "Fold modes: train and/or eval.")
+flags.DEFINE_integer("repeats", 1, "Fresh graphs folded per model and mode (median reported).")
+flags.DEFINE_integer("batch_size", 2, "Batch dimension of the input placeholder.")
+
+_SIZES = {"mobilenet_v2": 96, "resnet50": 64}
+
+
+def _build(name: str, training: bool):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tf_keras  # pylint: disable=g-import-not-at-top
+    constructors = {"mobilenet_v2": tf_keras.applications.MobileNetV2,
+                    "resnet50": tf_keras.applications.ResNet50}
+    size = _SIZES[name]
+    g = tf.Graph()
+    with g.as_default():
+        tf_keras.backend.set_learning_phase(1 if training else 0)
+        x = tf.compat.v1.placeholder(tf.float32, [FLAGS.batch_size, size, size, 3])
+        constructors[name](input_tensor=x, weights=None)
+    return g
+
+
+def main(argv):
+    del argv
+    from qat.fold_batch_norms import fold_batch_norms  # pylint: disable=g-import-not-at-top
+    for name in FLAGS.models:
+        if name not in _SIZES:
+            raise app.UsageError("Unknown model %r; choose from %s." % (name, sorted(_SIZES)))
+    for mode in FLAGS.modes:
+        if mode not in ("train", "eval"):
+            raise app.UsageError("Unknown mode %r; choose train and/or eval." % mode)
+    rows = []
+    for name in FLAGS.models:
+        for mode in FLAGS.modes:
+            training = mode == "train"
+            fold_times, build_times = [], []
+            for i in range(FLAGS.repeats):
+                logging.info("%s %s: building graph %d/%d", name, mode, i + 1, FLAGS.repeats)
+                start = time.perf_counter()
+                g = _build(name, training)
+                build_times.append(time.perf_counter() - start)
+                ops_before = len(g.get_operations())
+                bn_count = len([op for op in g.get_operations()
+                                if op.type.startswith("FusedBatchNorm")])
+                start = time.perf_counter()
+                result = fold_batch_norms(g, is_training=training,
+                                          freeze_batch_norm_delay=1000 if training else None)
+                fold_times.append(time.perf_counter() - start)
+                ops_after = len(g.get_operations())
+                logging.info("%s %s: folded %d/%d in %.3f s", name, mode,
+                             len(result.folded), bn_count, fold_times[-1])
+            rows.append((name, mode, len(result.folded), bn_count, len(result.skipped),
+                         statistics.median(build_times), statistics.median(fold_times),
+                         ops_before, ops_after))
+    print("%-13s %-5s %8s %8s %9s %9s %10s %10s" % (
+        "model", "mode", "folded", "skipped", "build_s", "fold_s", "ops_before", "ops_after"))
+    for name, mode, folded, total, skipped, build_s, fold_s, before, after in rows:
+        print("%-13s %-5s %4d/%-3d %8d %9.3f %9.3f %10d %10d" % (
+            name, mode, folded, total, skipped, build_s, fold_s, before, after))
+    for name, mode, _, _, _, build_s, fold_s, _, _ in rows:
+        print("%s %s: fold time / graph build time = %.3f" % (name, mode, fold_s / build_s))
+
+
+if __name__ == "__main__":
+    app.run(main)
