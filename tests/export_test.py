@@ -147,6 +147,15 @@ class InputRangeTest(absltest.TestCase):
         self.assertEqual(export.input_range_from_fake_quant(graph.as_graph_def(), "x"),
                          (-2.0, 2.0))
 
+    def test_default_range(self):
+        graph, sess, _ = build_model()
+        frozen = export.freeze_session(sess, ["output"])
+        sess.close()
+        model = export.convert_frozen_graph(frozen, ["input"], ["output"], "uint8",
+                                            default_input_range=(-1.0, 1.0))
+        report = export.describe_model(model)
+        self.assertAlmostEqual(report.tensors[report.inputs[0]].scale, 2 / 255, places=6)
+
     def test_missing_range_is_an_error(self):
         graph, sess, _ = build_model()
         frozen = export.freeze_session(sess, ["output"])
@@ -155,6 +164,29 @@ class InputRangeTest(absltest.TestCase):
         with self.assertRaisesRegex(export.ExportError,
                                     r"input 'input' has no range.*input_range"):
             export.convert_frozen_graph(frozen, ["input"], ["output"], "int8")
+
+
+class RuntimeCheckTest(absltest.TestCase):
+
+    def test_asymmetric_int8_weights_named(self):
+        # Asymmetric weight ranges give int8 weights a nonzero zero point, which
+        # the int8 CONV_2D kernel refuses; uint8 takes them.
+        graph, sess, _ = build_model(weight_range=(-0.5, 1.0))
+        frozen = export.freeze_session(sess, ["output"])
+        sess.close()
+        uint8 = export.convert_frozen_graph(frozen, ["input"], ["output"], "uint8",
+                                            input_ranges={"input": (0.0, 1.0)})
+        export.check_runnable(uint8, frozen)
+        int8 = export.convert_frozen_graph(frozen, ["input"], ["output"], "int8",
+                                           input_ranges={"input": (0.0, 1.0)})
+        export.check_fully_integer(int8, frozen)  # Integer, yet not runnable.
+        with self.assertRaises(export.ConversionError) as ctx:
+            export.check_runnable(int8, frozen, label="m_int8.tflite")
+        message = str(ctx.exception)
+        self.assertIn("m_int8.tflite: the TFLite runtime refuses the model", message)
+        self.assertIn("CONV_2D #1 weights", message)
+        self.assertIn("net/conv1/weights_quant/FakeQuantWithMinMaxVars", message)
+        self.assertIn("symmetric=True", message)
 
 
 class FloatOpDetectorTest(absltest.TestCase):

@@ -10,7 +10,7 @@ def _fq(x, lo, hi, name, narrow=False):
         x, tf1.constant(lo), tf1.constant(hi), narrow_range=narrow, name=name)
 
 
-def build_model(use_resource=True, unquantized_add=False, seed=0):
+def build_model(use_resource=True, unquantized_add=False, seed=0, weight_range=(-1.0, 1.0)):
     """A conv -> relu -> conv -> relu -> dense net with FakeQuant ranges.
 
     Returns (graph, session with initialized variables, saver).
@@ -28,7 +28,7 @@ def build_model(use_resource=True, unquantized_add=False, seed=0):
                                          initializer=init)
                     b = tf1.get_variable("biases", [channels],
                                          initializer=tf1.constant_initializer(0.1))
-                    wq = _fq(w, -1.0, 1.0, "weights_quant/FakeQuantWithMinMaxVars", True)
+                    wq = _fq(w, *weight_range, "weights_quant/FakeQuantWithMinMaxVars", True)
                     net = tf.nn.relu(tf.nn.bias_add(
                         tf.nn.conv2d(net, wq, [1, 1, 1, 1], "SAME"), b))
                     net = _fq(net, 0.0, 6.0, "act_quant/FakeQuantWithMinMaxVars")
@@ -38,7 +38,7 @@ def build_model(use_resource=True, unquantized_add=False, seed=0):
             with tf1.variable_scope("logits"):
                 w = tf1.get_variable("weights", [8 * 8 * 8, 10], initializer=init)
                 b = tf1.get_variable("biases", [10], initializer=tf1.zeros_initializer())
-                wq = _fq(w, -1.0, 1.0, "weights_quant/FakeQuantWithMinMaxVars", True)
+                wq = _fq(w, *weight_range, "weights_quant/FakeQuantWithMinMaxVars", True)
                 logits = tf.nn.bias_add(tf.matmul(net, wq), b)
                 logits = _fq(logits, -12.0, 12.0, "act_quant/FakeQuantWithMinMaxVars")
         tf.identity(logits, name="output")

@@ -16,14 +16,17 @@ points against the float model or agrees with the eval graph on less than
 --min_agreement percent of the test examples.
 """
 import os
-import sys
 import time
+import warnings
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.compat.v1.layers
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+
+# tf.compat.v1.layers is the TF1 API this demo shows; its deprecation notes are noise here.
+warnings.filterwarnings("ignore", message=r".*`tf\.layers\.\w+` is deprecated", category=UserWarning)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("epochs", 30, "Float training epochs.")
@@ -66,17 +69,20 @@ def build_model(images, is_training: bool):
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     layers = tf.compat.v1.layers
-    with tf.compat.v1.variable_scope("digits"):
+    # TF1 initializers draw from the graph-level seed; tf_keras' defaults would
+    # pick a fresh Python-random seed per run.
+    init = tf.compat.v1.glorot_uniform_initializer()
+    with tf.compat.v1.variable_scope("digits", initializer=init):
         net = images
         for i, channels in enumerate((16, 32), start=1):
             net = layers.conv2d(net, channels, 3, padding="same", use_bias=False,
-                                name=f"conv{i}")
+                                kernel_initializer=init, name=f"conv{i}")
             net = layers.batch_normalization(net, training=is_training, fused=True,
                                              name=f"conv{i}/bn")
             net = tf.nn.relu(net, name=f"conv{i}/relu")
         net = layers.max_pooling2d(net, 2, 2, name="pool")
         net = layers.flatten(net, name="flatten")
-        return layers.dense(net, 10, name="logits")
+        return layers.dense(net, 10, kernel_initializer=init, name="logits")
 
 
 def _train_graph(quantize: bool, seed: int):
@@ -142,6 +148,7 @@ def eval_session(checkpoint: str, quantize: bool):
     tf1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default():
+        tf1.set_random_seed(FLAGS.seed)  # Unused initializers; op determinism wants a seed.
         images = tf1.placeholder(tf.float32, [None, 8, 8, 1], name=INPUT_NAME)
         logits = build_model(images, is_training=False)
         tf.nn.softmax(logits, name=OUTPUT_NAME)
@@ -153,6 +160,9 @@ def eval_session(checkpoint: str, quantize: bool):
         saver = tf1.train.Saver()
         sess = tf1.Session(graph=graph)
         saver.restore(sess, checkpoint)
+    fake_quants = [op for op in graph.get_operations() if op.type.startswith("FakeQuant")]
+    logging.info("%s eval graph restored from %s: %d FakeQuant ops",
+                 "quantized" if quantize else "float", checkpoint, len(fake_quants))
     return sess
 
 
@@ -166,6 +176,7 @@ def main(argv):
     from qat import export  # pylint: disable=g-import-not-at-top
     tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
+    tf.config.experimental.enable_op_determinism()  # Same seed, same table.
     total_start = time.perf_counter()
     times = {}
     data = load_data(FLAGS.seed)
@@ -226,8 +237,8 @@ def main(argv):
         size_text = f"{size / 1024:.1f} KiB" if size else "-"
         print(f"{name:<20} {acc:>8.2f}% {acc - float_acc:>+8.2f}  {agree:>12} {diff:>10} "
               f"{size_text:>10}  {kind}")
-    print("(top-1 agree / max diff: TFLite vs the QAT eval graph on the test images; "
-          "diff in output quantization steps)")
+    print("(top-1 agree / max diff: TFLite vs the QAT eval graph on the test images, diff in "
+          "output quantization steps; size: .tflite file, float row: the float model unquantized)")
     print("size ratio float/quantized: " + ", ".join(
         f"{flavour} {os.path.getsize(float_tflite) / r.size_bytes:.2f}x"
         for flavour, r in results.items()))

@@ -1,0 +1,65 @@
+"""The end-to-end demo (tools/qat_demo.py) with a short run, as a subprocess."""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+
+_DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                     "tools", "qat_demo.py")
+_ROW = re.compile(r"^(float \(eval graph\)|QAT eval graph|TFLite uint8|TFLite int8)\s+"
+                  r"([\d.]+)%\s+[-+][\d.]+\s+(?:([\d.]+)%|-)", re.MULTILINE)
+
+
+def run_demo(*args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1")
+    proc = subprocess.run([sys.executable, _DEMO, *args], capture_output=True, text=True,
+                          env=env, timeout=600, check=False)
+    rows = {m.group(1): (float(m.group(2)), float(m.group(3)) if m.group(3) else None)
+            for m in _ROW.finditer(proc.stdout)}
+    return proc, rows
+
+
+class DemoTest(absltest.TestCase):
+
+    def test_short_run_writes_both_models(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, rows = run_demo("--epochs=4", "--qat_epochs=3", f"--output_dir={tmp}")
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr[-3000:])
+            for flavour in ("uint8", "int8"):
+                path = os.path.join(tmp, f"model_{flavour}.tflite")
+                self.assertTrue(os.path.exists(path), path)
+                self.assertGreater(os.path.getsize(path), 5000)
+            self.assertTrue(os.path.exists(os.path.join(tmp, "checkpoints", "qat",
+                                                        "model.ckpt.index")))
+        self.assertEqual(set(rows), {"float (eval graph)", "QAT eval graph", "TFLite uint8",
+                                     "TFLite int8"}, proc.stdout)
+        qat_accuracy = rows["QAT eval graph"][0]
+        for flavour in ("uint8", "int8"):
+            accuracy, agreement = rows[f"TFLite {flavour}"]
+            self.assertGreaterEqual(agreement, 99.0, flavour)
+            # Same argmax on >= 99% of 450 images: the accuracies differ by <= 1 point.
+            self.assertLessEqual(abs(accuracy - qat_accuracy), 1.0, flavour)
+        self.assertRegex(proc.stdout, r"wall times: float training [\d.]+ s, QAT fine-tuning")
+        self.assertIn("float epoch 4/4", proc.stderr)  # Progress per epoch.
+        self.assertIn("qat epoch 3/3", proc.stderr)
+        self.assertTrue(proc.stdout.rstrip().endswith("PASS"))
+
+    def test_contrib_default_api_and_failing_threshold(self):
+        # --nosymmetric: create_training_graph/create_eval_graph, uint8 only. An
+        # agreement threshold above 100% cannot be met: the demo must exit 1.
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, rows = run_demo("--epochs=2", "--qat_epochs=1", "--nosymmetric",
+                                  "--min_agreement=100.5", f"--output_dir={tmp}")
+            self.assertTrue(os.path.exists(os.path.join(tmp, "model_uint8.tflite")))
+            self.assertFalse(os.path.exists(os.path.join(tmp, "model_int8.tflite")))
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr[-3000:])
+        self.assertIn("TFLite uint8", rows)
+        self.assertNotIn("TFLite int8", rows)
+        self.assertIn("FAIL: TFLite uint8 agrees with the eval graph on", proc.stdout)
+
+
+if __name__ == "__main__":
+    absltest.main()
