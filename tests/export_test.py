@@ -220,6 +220,28 @@ class FloatOpDetectorTest(absltest.TestCase):
             self.assertIn("no min/max range", message)
             self.assertGreaterEqual(len(ctx.exception.float_ops), 2)
 
+    def test_identity_followed_and_dangling_fake_quant_hinted(self):
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [None, 4], name="x")
+            xq = tf.quantization.fake_quant_with_min_max_args(x, 0.0, 1.0)
+            w = tf.quantization.fake_quant_with_min_max_args(
+                tf1.constant(np.eye(4, dtype=np.float32)), -1.0, 1.0, narrow_range=True)
+            logits = tf.matmul(xq, w, name="logits/MatMul")
+            # A range for the logits that nothing reads (contrib's last-layer case).
+            tf.quantization.fake_quant_with_min_max_args(logits, -2.0, 2.0,
+                                                         name="logits/act_quant")
+            tf.identity(logits, name="out")
+        sess = tf1.Session(graph=graph)
+        with tempfile.TemporaryDirectory() as tmp:
+            with self.assertRaises(export.FloatOpError) as ctx:
+                export.export_tflite(["x"], ["out"], tmp, sess=sess, flavours=["uint8"])
+        sess.close()
+        self.assertEqual(ctx.exception.float_ops[0].tf_ops,
+                         [("out", "Identity"), ("logits/MatMul", "MatMul")])
+        self.assertIn("hint: 'logits/MatMul' is read by 'logits/act_quant', which feeds "
+                      "nothing: export 'logits/act_quant' as the output", str(ctx.exception))
+
     def test_pipeline_raises_and_writes(self):
         graph, sess, _ = build_model(unquantized_add=True)
         with tempfile.TemporaryDirectory() as tmp:

@@ -130,13 +130,24 @@ def _is_float(dtype) -> bool:
     return any(dtype == t for t in _FLOAT_TYPES)
 
 
-def _tf_ops_for(tensor_name: str, nodes: Dict[str, str]) -> List[Tuple[str, str]]:
-    """Maps a TFLite tensor name ("Relu;Conv2D", "res/add") to frozen-graph ops."""
+_PASS_THROUGH = frozenset(["Identity", "IdentityN", "Reshape", "Squeeze"])
+
+
+def _tf_ops_for(tensor_name: str, nodes: Dict[str, str],
+                inputs: Optional[Dict[str, str]] = None) -> List[Tuple[str, str]]:
+    """Maps a TFLite tensor name ("Relu;Conv2D", "res/add") to frozen-graph ops.
+
+    A pass-through op (Identity, Reshape) is followed to the op computing its
+    input, which is the one that needed the range.
+    """
     found = []
     for part in tensor_name.split(";"):
         part = part.split(":")[0]
-        if part in nodes and (part, nodes[part]) not in found:
+        while part in nodes and (part, nodes[part]) not in found:
             found.append((part, nodes[part]))
+            if nodes[part] not in _PASS_THROUGH or not inputs or part not in inputs:
+                break
+            part = inputs[part]
     return found
 
 
@@ -155,6 +166,8 @@ def find_float_ops(report: ModelReport,
       One FloatOp per float compute op, in execution order.
     """
     nodes = {n.name: n.op for n in graph_def.node} if graph_def is not None else {}
+    inputs = ({n.name: n.input[0].split(":")[0] for n in graph_def.node if n.input}
+              if graph_def is not None else {})
     model_inputs, model_outputs = set(report.inputs), set(report.outputs)
     found = []
     for op in report.ops:
@@ -171,20 +184,50 @@ def find_float_ops(report: ModelReport,
         names = [report.tensors[i].name for i in (float_outputs or float_inputs)]
         tf_ops = []
         for name in names:
-            tf_ops.extend(x for x in _tf_ops_for(name, nodes) if x not in tf_ops)
+            tf_ops.extend(x for x in _tf_ops_for(name, nodes, inputs) if x not in tf_ops)
         found.append(FloatOp(op.index, op.name, names, tf_ops))
     return found
 
 
+def _dangling_fake_quant_hints(float_ops: Sequence[FloatOp],
+                               source_graph_def: tf.compat.v1.GraphDef) -> List[str]:
+    """Finds FakeQuant ops that read a float op's tensor but feed nothing.
+
+    That is contrib's behaviour for a last layer without consumers: the range
+    exists, but the exported output is the tensor before it.
+    """
+    readers: Dict[str, List[str]] = collections.defaultdict(list)
+    consumed = set()
+    for node in source_graph_def.node:
+        for inp in node.input:
+            consumed.add(inp.lstrip("^").split(":")[0])
+            if node.op.startswith("FakeQuant") and not inp.startswith("^"):
+                readers[inp.split(":")[0]].append(node.name)
+    hints = []
+    for float_op in float_ops:
+        for name, _ in float_op.tf_ops:
+            for fake_quant in readers.get(name, []):
+                if fake_quant not in consumed:
+                    hints.append(f"{name!r} is read by {fake_quant!r}, which feeds nothing: "
+                                 f"export {fake_quant!r} as the output, or an op reading "
+                                 f"{name!r} (e.g. a softmax) so the quantize pass routes it "
+                                 "through the FakeQuant")
+    return hints
+
+
 def check_fully_integer(model: bytes,
                         graph_def: Optional[tf.compat.v1.GraphDef] = None,
-                        label: str = "model") -> ModelReport:
+                        label: str = "model",
+                        source_graph_def: Optional[tf.compat.v1.GraphDef] = None
+                        ) -> ModelReport:
     """Raises FloatOpError unless every compute op of `model` is integer.
 
     Args:
       model: .tflite bytes meant to be fully integer.
       graph_def: the frozen graph it came from, to name the TF ops.
       label: how to call the model in the message (e.g. its file name).
+      source_graph_def: the unpruned eval graph, to spot a FakeQuant the
+        frozen outputs do not reach.
 
     Returns:
       The ModelReport, when the model is fully integer.
@@ -196,6 +239,9 @@ def check_fully_integer(model: bytes,
     float_ops = find_float_ops(report, graph_def)
     if float_ops:
         lines = "\n  ".join(f.describe() for f in float_ops)
+        if source_graph_def is not None:
+            lines += "".join("\n  hint: " + h
+                             for h in _dangling_fake_quant_hints(float_ops, source_graph_def))
         raise FloatOpError(
             f"{label} is not fully integer: {len(float_ops)} op(s) still compute in float "
             f"because their TF tensors had no min/max range (no FakeQuant after them):\n  "

@@ -82,11 +82,13 @@ def export_tflite(input_names: Sequence[str],
     if sess is not None:
         freeze.check_tensor_names(sess.graph, input_names, "input")
         frozen = freeze.freeze_session(sess, output_names)
+        source = sess.graph.as_graph_def()
     elif graph_path is not None:
         frozen = freeze.freeze_graph_file(graph_path, checkpoint, output_names)
+        source = freeze.load_graph_file(graph_path)[0]
     else:
         freeze.check_tensor_names(frozen_graph_def, output_names, "output")
-        frozen = frozen_graph_def
+        frozen = source = frozen_graph_def
     freeze.check_tensor_names(frozen, input_names, "input")
     results = {}
     for flavour in flavours:
@@ -97,7 +99,8 @@ def export_tflite(input_names: Sequence[str],
         seconds = time.perf_counter() - start
         path = convert.write_model(model, os.path.join(output_dir, f"{name}_{flavour}.tflite"))
         if require_integer:
-            report = inspect.check_fully_integer(model, frozen, label=path)
+            report = inspect.check_fully_integer(model, frozen, label=path,
+                                                 source_graph_def=source)
         else:
             report = inspect.describe_model(model)
         inspect.check_runnable(model, frozen, label=path)
