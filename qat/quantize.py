@@ -50,6 +50,9 @@ class _Plan:
     init_min: float
     consumers: List[tf.Operation]  # Ops whose inputs are rerouted.
     per_channel: bool = False
+    # Layer ops reading the same weights through another read of the same
+    # resource variable: their input 1 is set to the quantized weights.
+    weight_sharers: List[tf.Operation] = dataclasses.field(default_factory=list)
 
 
 def _context(op: tf.Operation) -> str:
@@ -145,6 +148,7 @@ class _Planner(object):
             collections.OrderedDict())
         self.prefixes: Set[str] = set()
         self.tail_ops: Set[tf.Operation] = set()
+        self.weight_plans: Dict[object, _Plan] = {}
         ops = graph.get_operations()
         self.gradient_ops = self._gradient_ops(ops)
         self.layers = [op for op in layer_patterns.layer_ops(graph)
@@ -312,12 +316,20 @@ class _Planner(object):
         w = layer_patterns.weight_input(layer)
         if is_quantized_output(w):
             return
+        # Reads of one resource variable are one weight: quantized once.
+        key = w.op.inputs[0] if w.op.type == "ReadVariableOp" else w
+        shared = self.weight_plans.get(key)
+        if shared is not None:
+            if shared.tensor is not w and layer not in shared.weight_sharers:
+                shared.weight_sharers.append(layer)
+            return
         sharing = [c for c in w.consumers()
                    if c.type in qp.LAYER_TYPES and c.inputs[1] is w
                    and c not in self.gradient_ops]
         per_channel = self.per_channel and w.shape.rank in (2, 4)
-        self._plan(w, _context(layer), "weights_quant", -6.0, sharing,
-                   is_weight=True, per_channel=per_channel)
+        if self._plan(w, _context(layer), "weights_quant", -6.0, sharing,
+                      is_weight=True, per_channel=per_channel):
+            self.weight_plans[key] = self.plans[w]
 
     def plan_layer_output(self, layer: tf.Operation) -> None:
         tail, out = self._walk_tail(layer)
@@ -504,6 +516,8 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
     outputs = batch.build()
     for plan, out in zip(plans, outputs):
         _reroute(out, plan.tensor, plan.consumers)
+        for layer in plan.weight_sharers:
+            layer._update_input(1, out)  # pylint: disable=protected-access
     return [plan.prefix for plan in plans]
 
 
