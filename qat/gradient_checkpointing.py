@@ -17,9 +17,9 @@ Built only on `qat.graph_editor` (walks, `copy_with_input_replacements`,
 Limitations: random ops that depend on xs (e.g. dropout whose noise shape is
 computed from an activation) cannot be recomputed identically and are refused;
 random ops outside the path (dropout with a static shape) are not copied, so
-the copies share their values within a run. Gradients through
-control-flow-v1 loops are not supported (the copies have no Python
-control-flow context).
+the copies share their values within a run. Control-flow-v1 ops
+(Switch/Merge/Enter/Exit) between xs and ys are refused; v2 functional
+`If`/`While` ops are single ops and are fine.
 """
 import math
 from typing import Dict, List, Optional, Sequence, Union
@@ -181,6 +181,11 @@ def gradients(ys, xs, grad_ys=None,
                 checkpoints_.append(c)
         checkpoints_.sort(key=lambda c: pos[c.op])
         for op in region:
+            if op._control_flow_context is not None:  # pylint: disable=protected-access
+                raise ValueError(
+                    "Op {!r} is in a control-flow-v1 loop or cond between xs and ys; "
+                    "segments cannot cut through it. Build the model with control flow "
+                    "v2 (the TF 2 default).".format(op.name))
             if _is_random(op):
                 raise ValueError(
                     "Op {!r} ({}) draws random numbers between xs and ys: recomputing it "

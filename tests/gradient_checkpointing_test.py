@@ -7,6 +7,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 from qat import gradient_checkpointing as gc
 
@@ -154,6 +155,30 @@ class GradientCheckpointingTest(parameterized.TestCase):
             loss = tf.reduce_sum(tf.square(h))
         feed = {x: np.random.RandomState(4).rand(4, 8).astype(np.float32)}
         self._assert_same_gradients(graph, loss, feed, "memory")
+
+    def test_control_flow(self):
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [3])
+            w = tf1.get_variable("w", initializer=[0.5, -1.0, 2.0])
+            h = tf.nn.tanh(x * w)
+            # v2 functional cond: one op, copied and differentiated as such.
+            h = tf.cond(tf.reduce_sum(x) > 0.0, lambda: h * w, lambda: h - w)
+            loss = tf.reduce_sum(tf.square(tf.nn.tanh(h * 2.0)))
+        self.assertIn("If", {op.type for op in graph.get_operations()})  # reads w: stateful
+        self._assert_same_gradients(graph, loss, {x: [1.0, 2.0, 3.0]}, "memory")
+        saved = control_flow_util.ENABLE_CONTROL_FLOW_V2
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+        try:
+            graph = tf.Graph()
+            with graph.as_default():
+                w = tf1.get_variable("w", initializer=2.0)
+                _, y = tf1.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v * w),
+                                      [0, tf.constant(1.0)])
+                with self.assertRaisesRegex(ValueError, "control-flow-v1"):
+                    gc.gradients(y, [w])
+        finally:
+            control_flow_util.ENABLE_CONTROL_FLOW_V2 = saved
 
     def test_unreached_x_gives_none(self):
         graph, loss, _ = _mlp(depth=3)

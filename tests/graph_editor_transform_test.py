@@ -310,6 +310,34 @@ class ControlFlowTest(absltest.TestCase):
         result_ = ge.graph_replace(result, {max_index: seven}, dst_scope="r")
         self.assertEqual(_run(graph, [result, result_], {max_index: 3, start: 0}), [3, 7])
 
+    def test_gradients_through_copied_v1_loop_and_cond(self):
+        graph = tf.Graph()
+        with graph.as_default(), _control_flow_v1():
+            x = tf1.placeholder(tf.float32, [], name="x")
+            flag = tf1.placeholder(tf.bool, [], name="flag")
+
+            def body(i, v):
+                # A v1 cond nested in the v1 loop.
+                return i + 1, tf.cond(flag, lambda: v * x, lambda: v + x)
+
+            _, y = tf1.while_loop(lambda i, v: i < 3, body, [0, tf.constant(1.0)])
+            two = tf.constant(2.0, name="two")
+            y2 = ge.graph_replace(y, {x: two}, dst_scope="r")
+            self.assertIsNotNone(y2.op._control_flow_context)
+            (dy2,) = tf.gradients(y2, two)
+            (dy,) = tf.gradients(y, x)
+        got = _run(graph, [y2, dy2, y, dy], {x: 3.0, flag: True})
+        self.assertEqual(got, [8.0, 12.0, 27.0, 27.0])  # x**3 and 3 x**2
+        got = _run(graph, [y2, dy2], {x: 3.0, flag: False})
+        self.assertEqual(got, [7.0, 3.0])  # 1 + 3 x
+        # Copied to another graph, the contexts are rebuilt there.
+        dst = tf.Graph()
+        _, info = ge.copy(graph, dst_graph=dst, dst_scope="imported")
+        y_, x_, flag_ = info.transformed([y, x, flag])
+        with dst.as_default(), _control_flow_v1():
+            (dy_,) = tf.gradients(y_, x_)
+        self.assertEqual(_run(dst, [y_, dy_], {x_: 2.0, flag_: True}), [8.0, 12.0])
+
     def test_cond_v1(self):
         graph = tf.Graph()
         with graph.as_default(), _control_flow_v1():
@@ -323,9 +351,11 @@ class ControlFlowTest(absltest.TestCase):
         r_, c_, v_ = info.transformed([result, choice, value])
         self.assertEqual(_run(dst, r_, {c_: True, v_: 3.0}), 6.0)
         self.assertEqual(_run(dst, r_, {c_: False, v_: 3.0}), 2.0)
-        result2 = ge.graph_replace(result, {value: other})
-        self.assertEqual(_run(graph, result2, {choice: True}), 20.0)
-        self.assertEqual(_run(graph, result2, {choice: False}), 9.0)
+        with graph.as_default(), _control_flow_v1():
+            result2 = ge.graph_replace(result, {value: other})
+            (grad2,) = tf.gradients(result2, other)
+        self.assertEqual(_run(graph, [result2, grad2], {choice: True}), [20.0, 2.0])
+        self.assertEqual(_run(graph, [result2, grad2], {choice: False}), [9.0, 1.0])
 
     def test_v2_functional_cond_and_while(self):
         graph = tf.Graph()

@@ -5,8 +5,7 @@ TF 2.21-specific behaviour of `copy_op_handler`.
 """
 from copy import deepcopy
 import functools
-import logging
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 

@@ -18,6 +18,11 @@ Differences from TF 1 forced by TF 2.21 (documented behaviour):
   * Colocation attributes (`_class: loc:@op`) are remapped to the copies of the
     ops they name, kept when they name an op outside the copy in the same graph
     and dropped when that op does not exist in the destination graph.
+  * Control-flow-v1 contexts (`WhileContext`, `CondContext`) of loops and
+    conds copied whole are rebuilt for the copies, so `tf.gradients` works
+    on them; `graph_replace` always copies whole loops and conds. A partial
+    copy of a loop (with `copy`) runs only if its inputs from the loop are
+    view inputs; its copies have no context.
   * Control-flow-v2 functional ops (`If`, `While`, ...) are copied as single
     ops; the functions they call are added to the destination graph's library.
     Their branches/bodies are not edited (they are not part of the view).
@@ -26,7 +31,7 @@ Differences from TF 1 forced by TF 2.21 (documented behaviour):
     destination graph, so the copies can be initialized and saved as usual.
 """
 import logging
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -39,6 +44,7 @@ from qat.graph_editor import reroute
 from qat.graph_editor import select
 from qat.graph_editor import subgraph
 from qat.graph_editor import util
+from qat.graph_editor import _transform_control_flow
 from qat.graph_editor._transform_handlers import _TmpInfo
 from qat.graph_editor._transform_handlers import assign_renamed_collections_handler
 from qat.graph_editor._transform_handlers import copy_op_handler
@@ -59,51 +65,6 @@ __all__ = [
     "copy_with_input_replacements",
     "graph_replace",
 ]
-
-
-def _function_names_in_attrs(attrs) -> List[str]:
-    names = []
-    for value in attrs.values():
-        if value.HasField("func"):
-            names.append(value.func.name)
-        elif value.HasField("list"):
-            names.extend(f.name for f in value.list.func)
-    return names
-
-
-def _copy_functions(src_graph: tf.Graph, dst_graph: tf.Graph,
-                    ops: Iterable[tf.Operation]) -> None:
-    """Adds the functions `ops` call (transitively) to `dst_graph`'s library.
-
-    Raises:
-      ValueError: if a called function is not in `src_graph`'s library.
-    """
-    pending = []
-    for op in ops:
-        node_def = op.node_def
-        for name in _function_names_in_attrs(node_def.attr):
-            pending.append((name, op.name))
-    seen = set()
-    order = []
-    while pending:
-        name, user = pending.pop()
-        if name in seen or dst_graph._is_function(name):  # pylint: disable=protected-access
-            continue
-        seen.add(name)
-        function = src_graph._get_function(name)  # pylint: disable=protected-access
-        if function is None:
-            raise ValueError(
-                "Cannot copy op {!r}: it calls function {!r}, which is not in the "
-                "library of its graph (a function of an enclosing tf.function "
-                "cannot be copied; build the model in a tf.Graph).".format(user, name))
-        order.append(function)
-        fdef = function.cached_definition
-        for node_def in fdef.node_def:
-            for nested in _function_names_in_attrs(node_def.attr):
-                pending.append((nested, user))
-    # Callees first, so that each function's dependencies are present.
-    for function in reversed(order):
-        dst_graph._add_function(function)  # pylint: disable=protected-access
 
 
 def _check_not_func_graph(obj) -> None:
@@ -194,11 +155,12 @@ class Transformer(object):
         info = _TmpInfo(sgv, dst_graph, dst_scope, src_scope)
         if info.graph is not None and info.graph is not dst_graph and \
                 info.graph._functions:  # pylint: disable=protected-access
-            _copy_functions(info.graph, dst_graph, sgv.ops)
+            _transform_control_flow.copy_functions(info.graph, dst_graph, sgv.ops)
         self._copy_ops(info)
         self._finalize_cycles(info)
         self._connect_control_inputs(info)
         self._remap_colocations(info)
+        _transform_control_flow.restore_control_flow_contexts(info)
         self._copy_variables(info)
         res_info = TransformerInfo(info)
         sgv_ = self._transform_sgv(info, sgv)
@@ -444,25 +406,45 @@ def copy_with_input_replacements(sgv, replacement_ts: Dict[tf.Tensor, tf.Tensor]
     return copier(sgv, dst_graph, dst_scope, src_scope, reuse_dst_scope=reuse_dst_scope)
 
 
-def _add_control_flow_ops(ops: List[tf.Operation], control_ios) -> None:
-    """Completes `ops` with the whole control-flow-v1 loops some ops are in.
+def _context_ops(graph: tf.Graph, context) -> List[tf.Operation]:
+    """The ops of a v1 control-flow context and of the contexts nested in it."""
+    # pylint: disable=protected-access
+    result = []
+    stack = [context]
+    while stack:
+        ctx = stack.pop()
+        external = ctx._external_values
+        for name in sorted(ctx._values):
+            if name not in external:
+                result.append(graph.get_operation_by_name(name.split(":")[0]))
+        stack.extend(ctx._nested_contexts)
+    return result
 
-    Copying part of a `while_loop` frame gives a malformed graph, so every op
-    between the enclosing loops' Enter and Exit ops is added.
+
+def _add_control_flow_ops(ops: List[tf.Operation], control_ios) -> None:
+    """Completes `ops` with the whole control-flow-v1 loops and conds they are in.
+
+    Copying part of a `while_loop` frame gives a malformed graph, and a
+    partial copy of a loop or a cond cannot be differentiated, so every op of
+    the outermost enclosing contexts (and, for loops, every op between their
+    Enter and Exit ops) is added.
     """
-    contexts = set()
+    roots = {}
     for op in ops:
         context = op._control_flow_context  # pylint: disable=protected-access
-        while context is not None:
-            if context.IsWhileContext():
-                contexts.add(context)
+        if context is None:
+            continue
+        while context.outer_context is not None:
             context = context.outer_context
+        roots[id(context)] = context
     new_ops = []
-    for context in contexts:
-        new_ops += select.get_walks_intersection_ops(
-            [enter_t.op for enter_t in context.loop_enters],
-            [exit_t.op for exit_t in context.loop_exits],
-            control_ios=control_ios)
+    for context in roots.values():
+        new_ops += _context_ops(ops[0].graph, context)
+        if context.IsWhileContext():
+            new_ops += select.get_walks_intersection_ops(
+                [enter_t.op for enter_t in context.loop_enters],
+                [exit_t.op for exit_t in context.loop_exits],
+                control_ios=control_ios)
     ops_set = set(ops)
     for op in new_ops:
         if op not in ops_set:
