@@ -160,6 +160,8 @@ def eval_session(checkpoint: str, quantize: bool):
         saver = tf1.train.Saver()
         sess = tf1.Session(graph=graph)
         saver.restore(sess, checkpoint)
+        if quantize:  # For tools/export_tflite.py: --graph=<this> --checkpoint=<qat ckpt>.
+            saver.export_meta_graph(os.path.join(FLAGS.output_dir, "eval_graph.meta"))
     fake_quants = [op for op in graph.get_operations() if op.type.startswith("FakeQuant")]
     logging.info("%s eval graph restored from %s: %d FakeQuant ops",
                  "quantized" if quantize else "float", checkpoint, len(fake_quants))
@@ -183,6 +185,8 @@ def main(argv):
     x_test, y_test = data[2], data[3]
     logging.info("digits: %d training, %d test images", len(data[0]), len(x_test))
     ckpt_dir = os.path.join(FLAGS.output_dir, "checkpoints")
+    tf.io.gfile.makedirs(FLAGS.output_dir)
+    np.save(os.path.join(FLAGS.output_dir, "test_images.npy"), x_test)  # Parity inputs for the CLI.
 
     start = time.perf_counter()
     float_ckpt = train("float", False, FLAGS.epochs, data, None,
