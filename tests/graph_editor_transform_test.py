@@ -443,6 +443,18 @@ class CollectionsAndVariablesTest(absltest.TestCase):
                     sess.run(update)
                     self.assertEqual(sess.run([y, y_], {x: [1.0, 1.0]}), [5.0, 5.0])
 
+    def test_ref_input_cannot_become_a_placeholder(self):
+        graph, x, w, y, update = self._variable_graph(False)
+        n = len(graph.get_operations())
+        with self.assertRaisesRegex(ValueError, "AssignAdd.*placeholder cannot replace"):
+            ge.copy(update, dst_scope="c")
+        self.assertLen(graph.get_operations(), n)
+        _, info = ge.copy_with_input_replacements(update, {}, dst_scope="d")
+        with tf1.Session(graph=graph) as sess:
+            sess.run(w.initializer)
+            sess.run(info.transformed(update))
+            np.testing.assert_allclose(sess.run(w), [2.0, 3.0])
+
     def test_same_graph_copy_of_variable_is_a_new_variable(self):
         graph, x, w, y, update = self._variable_graph(True)
         _, info = ge.copy(graph, dst_scope="twin")

@@ -36,8 +36,6 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import func_graph as _func_graph
-from tensorflow.python.ops import ref_variable
-from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import variables as _variables
 
 from qat.graph_editor import reroute
@@ -45,6 +43,7 @@ from qat.graph_editor import select
 from qat.graph_editor import subgraph
 from qat.graph_editor import util
 from qat.graph_editor import _transform_control_flow
+from qat.graph_editor import _transform_variables
 from qat.graph_editor._transform_handlers import _TmpInfo
 from qat.graph_editor._transform_handlers import assign_renamed_collections_handler
 from qat.graph_editor._transform_handlers import copy_op_handler
@@ -152,6 +151,9 @@ class Transformer(object):
         if dst_scope and not reuse_dst_scope:
             dst_scope = util.scope_finalize(dst_graph.unique_name(dst_scope[:-1]))
 
+        if self.transform_external_input_handler is replace_t_with_placeholder_handler:
+            _transform_variables.check_no_ref_input_slots(sgv)
+
         info = _TmpInfo(sgv, dst_graph, dst_scope, src_scope)
         if info.graph is not None and info.graph is not dst_graph and \
                 info.graph._functions:  # pylint: disable=protected-access
@@ -252,7 +254,7 @@ class Transformer(object):
                     continue
                 if var_op not in info.transformed_ops:
                     continue
-                var_ = _transform_variable(info, var)
+                var_ = _transform_variables.transform_variable(info, var)
                 if var_ is None:
                     logging.debug("Variable %s copied without its initializer or "
                                   "snapshot: no variable object built.", var.name)
@@ -293,38 +295,6 @@ class Transformer(object):
             info.tmp_cyclic_ts.append((t, t_, consumer_op))
             return t_
         return self.transform_external_hidden_input_handler(info, t)
-
-
-def _transform_variable(info: _TmpInfo, var):
-    """Builds the variable object of a copied variable, or None if incomplete."""
-    with info.graph.as_default():
-        proto = var.to_proto()
-    if proto is None:
-        return None
-    graph, ts, ops = info.graph, info.transformed_ts, info.transformed_ops
-
-    def transformed_name(name):
-        if not name:
-            return name
-        elem = graph.as_graph_element(name)
-        elem_ = ts.get(elem) if isinstance(elem, tf.Tensor) else ops.get(elem)
-        if elem_ is None:
-            raise KeyError(name)
-        return elem_.name
-
-    try:
-        proto.variable_name = transformed_name(proto.variable_name)
-        proto.initializer_name = transformed_name(proto.initializer_name)
-        proto.snapshot_name = transformed_name(proto.snapshot_name)
-        proto.initial_value_name = transformed_name(proto.initial_value_name)
-    except KeyError:
-        return None
-    if proto.HasField("save_slice_info_def"):
-        proto.ClearField("save_slice_info_def")
-    with info.graph_.as_default():
-        if proto.is_resource:
-            return resource_variable_ops.ResourceVariable(variable_def=proto)
-        return ref_variable.RefVariable(variable_def=proto)
 
 
 def _check_dst_graph(sgv, dst_graph):
