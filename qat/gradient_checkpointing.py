@@ -59,11 +59,10 @@ def _as_tensor(x) -> tf.Tensor:
 
 
 def _region_ops(ys: List[tf.Tensor], xs: List[tf.Tensor]) -> List[tf.Operation]:
-    """Ops between xs and ys (excluding xs' own ops), in creation order."""
+    """Ops that depend on an x and that a y depends on, in creation order."""
     bwd = ge.get_backward_walk_ops([y.op for y in ys], inclusive=True)
-    fwd = ge.get_forward_walk_ops([x.op for x in xs], inclusive=True, within_ops=bwd)
-    x_ops = {x.op for x in xs}
-    region = [op for op in fwd if op not in x_ops]
+    # Tensor seeds: the walk starts at the consumers of the xs.
+    region = ge.get_forward_walk_ops(list(xs), inclusive=True, within_ops=bwd)
     return sorted(region, key=lambda op: op._id)  # pylint: disable=protected-access
 
 
@@ -179,6 +178,13 @@ def gradients(ys, xs, grad_ys=None,
                 raise ValueError("Checkpoint {} is not in the graph of ys.".format(c.name))
             if c.op in region_set and c not in y_set and c not in checkpoints_:
                 checkpoints_.append(c)
+        # An x computed from other xs is a checkpoint too: its gradient is
+        # complete once the segments after it are done, and it flows on
+        # into the segment that computes it.
+        internal_xs = [x for x in xs if x.op in region_set and x not in y_set]
+        for x in internal_xs:
+            if x not in checkpoints_:
+                checkpoints_.append(x)
         checkpoints_.sort(key=lambda c: pos[c.op])
         for op in region:
             if op._control_flow_context is not None:  # pylint: disable=protected-access
@@ -197,6 +203,9 @@ def gradients(ys, xs, grad_ys=None,
         # Gradients received so far by each checkpoint, and by each x.
         d_checkpoints: Dict[tf.Tensor, List] = {c: [] for c in checkpoints_}
         d_xs: List[List] = [[] for _ in xs]
+        x_index = {}
+        for i, x in enumerate(xs):
+            x_index.setdefault(x, i)
 
         def backprop_segment(outputs, grads_in, wait_for):
             seed_ops = [t.op for t in outputs if t.op in region_set]
@@ -221,17 +230,31 @@ def gradients(ys, xs, grad_ys=None,
                     missing = [w for w in wait_for if w not in op_.control_inputs]
                     if missing:
                         ge.add_control_inputs(op_, missing)
+            # The copies read the xs through per-segment identities, so that
+            # tf.gradients, which walks everything downstream of its xs, only
+            # walks this segment: building stays linear in the graph size.
+            seg_xs = []
+            for op in seg_ops:
+                for t in op.inputs:
+                    if (t in x_index and t.op not in seg_set and t not in disconnected
+                            and t not in seg_xs):
+                        seg_xs.append(t)
+            with tf.name_scope("gradients_with_recompute/segment"):
+                stand_ins = [tf.identity(x, name="x") for x in seg_xs]
+            ge.reroute_ts(stand_ins, seg_xs, can_modify=copied_ops)
             copied_outputs = [info._transformed_ts.get(t, t) for t in outputs]  # pylint: disable=protected-access
-            grads = tf.gradients(copied_outputs, [disconnected[c] for c in boundary] + xs,
+            grads = tf.gradients(copied_outputs, [disconnected[c] for c in boundary] + stand_ins,
                                  grad_ys=grads_in, **kwargs)
             for c, g in zip(boundary, grads[:len(boundary)]):
                 d_checkpoints[c].append(g)
-            for i, g in enumerate(grads[len(boundary):]):
-                d_xs[i].append(g)
+            for x, g in zip(seg_xs, grads[len(boundary):]):
+                d_xs[x_index[x]].append(g)
 
         backprop_segment(ys, grad_ys, None)
         for c in reversed(checkpoints_):
             d_c = _accumulate(d_checkpoints[c])
+            if c in x_index:
+                d_xs[x_index[c]] = [d_c]
             if d_c is None:
                 continue
             backprop_segment([c], [d_c], [d_c.op])
