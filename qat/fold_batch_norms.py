@@ -20,19 +20,22 @@ with moving statistics):
         [-> Reshape "<ctx>/Reshape_Fold"] -> the batch norm's former consumers
 
   The old bias / batch-norm ops are detached: their input becomes a
-  placeholder, so nothing dead hangs off the layer.
+  placeholder, so nothing dead hangs off the layer. Exception: an eval fold
+  of a batch norm that uses batch statistics (a training graph) keeps it fed
+  with `y * (1/s)` like the training structure, so its moving-average update
+  ops still compute what they did.
 
 Training structure (is_training=True, batch norm using batch statistics).
 DESIGN DECISION: the convolution is computed ONCE (PyTorch ConvBn style), not
 twice like contrib (a float layer for the batch statistics plus the folded
 one), because the quantize issue targets a QAT/float training step time <=
 1.25 on MobileNetV2, and a second convolution per layer alone would cost
-about that much. y = layer(x, w*s) is divided back by s to feed the ORIGINAL
-batch norm, which is exact in value and gradient (s cancels), so before the
+about that much. y = layer(x, w*s) is scaled back by 1/s to feed the
+ORIGINAL batch norm, which is exact in value and gradient, so before the
 freeze the layer trains exactly like the unfolded one:
 
     layer(x, w*s) [-> BatchToSpaceND] = y
-      y -> DivNoNan(y, s) "<ctx>/div_fold" [-> Identity] [-> original bias op]
+      y -> Mul(y, 1/s) "<ctx>/div_fold" [-> Identity] [-> original bias op]
           [-> Reshape] -> ORIGINAL batch norm (batch statistics; its moving
           average updates keep reading its batch statistics) = bn_out
       y -> BiasAdd(b_fold) "<ctx>/BiasAdd_Fold" [-> Reshape "<ctx>/Reshape_Fold"]
@@ -40,19 +43,23 @@ freeze the layer trains exactly like the unfolded one:
       SelectV2(frozen, folded, bn_out) "<ctx>/select_fold"
           -> the batch norm's former consumers
 
-  DivNoNan gives 0 where s == 0 (gamma == 0), so no NaN. `frozen` is
-  `fake_quantization_step > freeze_batch_norm_delay` (the shared counter of
-  `qat.step_counter`; a constant False when the delay is None), so the first
-  `freeze_batch_norm_delay` runs use batch statistics. From the freeze on the
-  moving-average updates are switched off: the delta of each AssignSub /
-  AssignSubVariableOp update is multiplied by `1 - frozen`
-  (`<scope>/freeze_fold`), an Assign / AssignVariableOp of a new value assigns
-  the current value instead.
+  1/s is `divide_no_nan(1, s)`: 0 where s == 0 (gamma == 0), so no NaN.
+  `frozen` is `fake_quantization_step > freeze_batch_norm_delay` (the shared
+  counter of `qat.step_counter`; a constant False when the delay is None), so
+  the first `freeze_batch_norm_delay` runs use batch statistics. From the
+  freeze on the moving-average updates are switched off: the delta of each
+  AssignSub / AssignSubVariableOp update is multiplied by `1 - frozen`
+  (`<update scope>/freeze_fold`); an Assign / AssignVariableOp of a new value
+  assigns the current value instead.
 
-For the quantize pass walking forward from a layer op: follow its only
-consumer that is not a DivNoNan ("layer tail"): [BatchToSpaceND ->] BiasAdd
-[-> Reshape] [-> SelectV2] -> activation / consumers. `FoldedLayer.output` is
-the last tensor of that tail.
+  Gradients. Before the freeze, the paths of s through w*s and through 1/s
+  cancel exactly, and gamma gets its gradient from the original batch norm;
+  so 1/s is under stop_gradient and the weights use
+  `where(frozen, s, stop_gradient(s))` ("<ctx>/scale_fold/select"): after the
+  freeze gamma and beta learn through w*s and b_fold, as in contrib. The
+  SelectV2 has a cheaper registered gradient ("QatFoldSelect": the incoming
+  gradient times frozen / 1 - frozen). Measured by tools/bench_fold.py
+  --step_time_steps: see the report of that tool for the step-time ratio.
 
 Batch norms that cannot be folded (no layer before them, a layer output with
 other consumers, unusual sharing, functional or v1 control flow, no moving
@@ -119,6 +126,20 @@ class FoldResult:
 
 class _CannotFold(Exception):
     pass
+
+
+_SELECT_GRADIENT = "QatFoldSelect"
+
+
+@tf.RegisterGradient(_SELECT_GRADIENT)
+def _fold_select_grad(op: tf.Operation, grad: tf.Tensor):
+    """Gradient of select_fold: its branches have the output's shape.
+
+    Scaling by the scalar condition is cheaper than SelectV2's generic
+    gradient (zeros_like, two selects and broadcast reductions).
+    """
+    chosen = tf.cast(op.inputs[0], grad.dtype)
+    return None, grad * chosen, grad * (1.0 - chosen)
 
 
 @dataclasses.dataclass
@@ -268,12 +289,20 @@ def _apply(plan: _Plan, graph: tf.Graph, freeze_factory) -> FoldedLayer:
             s = tf.math.rsqrt(_flat(moving_variance) + bn.epsilon)
             if bn.gamma is not None:
                 s = s * _flat(bn.gamma)
+        freeze = freeze_factory() if plan.training else None
+        s_weights = s
+        if freeze is not None:
+            # Before the freeze the original batch norm gets gamma's gradient
+            # directly; the scale's paths through w*s and y/s cancel exactly,
+            # so both are cut (no gradient reduction over y/s). After the
+            # freeze gamma and the moving variance act through w*s.
+            s_weights = tf.where(freeze.frozen, s, tf.stop_gradient(s), name="scale_fold/select")
         if layer_op.type == "DepthwiseConv2dNative":
-            w_scale = tf.reshape(s, tf.shape(weights)[2:])
+            w_scale = tf.reshape(s_weights, tf.shape(weights)[2:])
         elif layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
-            w_scale = tf.reshape(s, [-1, 1])
+            w_scale = tf.reshape(s_weights, [-1, 1])
         else:
-            w_scale = s
+            w_scale = s_weights
         folded_w = tf.multiply(weights, w_scale, name="mul_fold")
         with graph.name_scope("bias_fold"):
             centred = _flat(moving_mean)
@@ -292,18 +321,20 @@ def _apply(plan: _Plan, graph: tf.Graph, freeze_factory) -> FoldedLayer:
         if plan.training or bn.updates:
             # Keep the original batch norm (and its moving-average updates)
             # fed with the unscaled layer output.
-            unscaled = tf.math.divide_no_nan(
-                plan.layer_output, _per_channel(s, plan.channels_first), name="div_fold")
+            inv_s = tf.stop_gradient(tf.math.divide_no_nan(tf.ones_like(s), s),
+                                     name="scale_fold/inverse")
+            unscaled = tf.multiply(plan.layer_output, _per_channel(inv_s, plan.channels_first),
+                                   name="div_fold")
             reroute.reroute_ts(unscaled, plan.layer_output, can_modify=plan.old_consumers)
         else:
             detached = ge_util.make_placeholder_from_tensor(plan.layer_output, scope=scope)
             reroute.reroute_ts(detached, plan.layer_output, can_modify=plan.old_consumers)
     output = folded
     if plan.training:
-        freeze = freeze_factory()
         frozen = freeze.frozen
         with graph.name_scope(scope or None), graph.device(bn.op.device):
-            output = tf.where(frozen, folded, bn.output, name="select_fold")
+            with graph.gradient_override_map({"SelectV2": _SELECT_GRADIENT}):
+                output = tf.where(frozen, folded, bn.output, name="select_fold")
         if freeze.delay is not None:
             for update in bn.updates:
                 _freeze_update(update, bn, freeze, graph)

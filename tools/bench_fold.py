@@ -25,11 +25,16 @@ flags.DEFINE_list("models", ["mobilenet_v2", "resnet50"],
 flags.DEFINE_list("modes", ["train", "eval"], "Fold modes: train and/or eval.")
 flags.DEFINE_integer("repeats", 1, "Fresh graphs folded per model and mode (median reported).")
 flags.DEFINE_integer("batch_size", 2, "Batch dimension of the input placeholder.")
+flags.DEFINE_integer("step_time_steps", 0,
+                     "If > 0: also time this many SGD training steps (batch --step_batch_size) "
+                     "of the float graph and of the training-folded graph, alternating, and "
+                     "print the folded/float step-time ratio.")
+flags.DEFINE_integer("step_batch_size", 8, "Batch size of the step-time measurement.")
 
 _SIZES = {"mobilenet_v2": 96, "resnet50": 64}
 
 
-def _build(name: str, training: bool):
+def _build(name: str, training: bool, batch_size=None):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tf_keras  # pylint: disable=g-import-not-at-top
     constructors = {"mobilenet_v2": tf_keras.applications.MobileNetV2,
@@ -38,9 +43,10 @@ def _build(name: str, training: bool):
     g = tf.Graph()
     with g.as_default():
         tf_keras.backend.set_learning_phase(1 if training else 0)
-        x = tf.compat.v1.placeholder(tf.float32, [FLAGS.batch_size, size, size, 3])
-        constructors[name](input_tensor=x, weights=None)
-    return g
+        x = tf.compat.v1.placeholder(
+            tf.float32, [batch_size or FLAGS.batch_size, size, size, 3], name="images")
+        model = constructors[name](input_tensor=x, weights=None)
+    return g, model
 
 
 def main(argv):
@@ -60,7 +66,7 @@ def main(argv):
             for i in range(FLAGS.repeats):
                 logging.info("%s %s: building graph %d/%d", name, mode, i + 1, FLAGS.repeats)
                 start = time.perf_counter()
-                g = _build(name, training)
+                g, _ = _build(name, training)
                 build_times.append(time.perf_counter() - start)
                 ops_before = len(g.get_operations())
                 bn_count = len([op for op in g.get_operations()
@@ -82,6 +88,54 @@ def main(argv):
             name, mode, folded, total, skipped, build_s, fold_s, before, after))
     for name, mode, _, _, _, build_s, fold_s, _, _ in rows:
         print("%s %s: fold time / graph build time = %.3f" % (name, mode, fold_s / build_s))
+    if FLAGS.step_time_steps > 0:
+        for name in FLAGS.models:
+            _step_time(name, fold_batch_norms)
+
+
+def _train_step(name: str, fold_fn):
+    """A float training step (SGD + moving-average updates), folded or not."""
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    g, model = _build(name, True, FLAGS.step_batch_size)
+    with g.as_default():
+        if fold_fn is not None:
+            fold_fn(g, is_training=True, freeze_batch_norm_delay=10**9)
+        labels = tf.one_hot(tf.zeros([FLAGS.step_batch_size], tf.int32), 1000)
+        logits = model.output.op.inputs[0]
+        loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        with tf.control_dependencies(model.updates):
+            train = tf.compat.v1.train.GradientDescentOptimizer(1e-3).minimize(loss)
+        init = tf.compat.v1.global_variables_initializer()
+    sess = tf.compat.v1.Session(graph=g)
+    sess.run(init)
+    size = _SIZES[name]
+    feed = {g.get_tensor_by_name("images:0"): np.random.RandomState(0).uniform(
+        -1, 1, [FLAGS.step_batch_size, size, size, 3]).astype(np.float32)}
+    return sess, train, feed
+
+
+def _step_time(name: str, fold_fn) -> None:
+    import time as _time  # pylint: disable=g-import-not-at-top
+    logging.info("%s: building float and folded training steps", name)
+    runs = {"float": _train_step(name, None), "folded": _train_step(name, fold_fn)}
+    for sess, train, feed in runs.values():
+        for _ in range(3):  # Warm-up.
+            sess.run(train, feed)
+    times = {key: [] for key in runs}
+    for i in range(FLAGS.step_time_steps):
+        for key, (sess, train, feed) in runs.items():  # Alternate: same load.
+            start = _time.perf_counter()
+            sess.run(train, feed)
+            times[key].append(_time.perf_counter() - start)
+        logging.info("%s: step %d/%d", name, i + 1, FLAGS.step_time_steps)
+    medians = {key: statistics.median(v) for key, v in times.items()}
+    print("%s training step (batch %d), median of %d: float %.4f s, folded %.4f s, "
+          "folded/float = %.3f" % (name, FLAGS.step_batch_size, FLAGS.step_time_steps,
+                                   medians["float"], medians["folded"],
+                                   medians["folded"] / medians["float"]))
+    for sess, _, _ in runs.values():
+        sess.close()
 
 
 if __name__ == "__main__":
