@@ -141,6 +141,7 @@ class QuantizerBatch(object):
         self._variables: List = []  # (VariableDef, collections)
         self._outputs: List[str] = []
         self._shared: Dict[tuple, str] = {}
+        self._shared_scope: Optional[str] = None
         self._taken = set()
 
     # --- NodeDef helpers ----------------------------------------------------
@@ -179,22 +180,62 @@ class QuantizerBatch(object):
         return self._node(name, "Const", dtype=dtype.as_datatype_enum,
                           value=tf.make_tensor_proto(value, dtype))
 
+    def _shared_const(self, kind: str, value, dtype) -> str:
+        """A constant shared by every quantizer of the batch (fewer ops)."""
+        array = np.asarray(value, dtype.as_numpy_dtype)
+        key = ("const", kind, dtype, array.shape, array.tobytes())
+        if key not in self._shared:
+            name = "%s/%s_%d" % (self._shared_scope_name(), kind,
+                                 len(self._shared))
+            self._shared[key] = self._const(name, array, dtype)
+        return self._shared[key]
+
+    def _shared_scope_name(self) -> str:
+        if self._shared_scope is None:
+            # A NoOp named like the scope marks it taken for later batches.
+            base, i = "quant_constants", 0
+            name = base
+            while self._op_exists(name):
+                i += 1
+                name = "%s_%d" % (base, i)
+            self._node(name, "NoOp")
+            self._shared_scope = name
+        return self._shared_scope
+
+    def _op_exists(self, name: str) -> bool:
+        try:
+            self._graph.get_operation_by_name(name)
+            return True
+        except KeyError:
+            return False
+
+    def _activation_condition(self, step: tf.Tensor, delay: int) -> str:
+        """`step >= delay`, one op per delay value in the batch."""
+        key = ("active", int(delay))
+        if key not in self._shared:
+            delay_const = self._shared_const("delay", int(delay), tf.int64)
+            self._shared[key] = self._node(
+                "%s/activate_quant_%d" % (self._shared_scope_name(),
+                                          len(self._shared)),
+                "GreaterEqual", [self._external(step), delay_const], T=_INT64)
+        return self._shared[key]
+
     def _variable(self, prefix, name, shape, init, collections) -> str:
         base = prefix + "/" + name
         shape = tf.TensorShape(shape)
         self._node(base, "VarHandleOp", dtype=_FLOAT, shape=shape,
                    shared_name=base.encode(), container=b"")
-        init_value = np.full(shape.as_list(), init, np.float32)
-        self._const(base + "/Initializer/Const", init_value, tf.float32)
-        self._node(base + "/Assign", "AssignVariableOp",
-                   [base, base + "/Initializer/Const"], dtype=_FLOAT)
+        init_value = self._shared_const(
+            "init", np.full(shape.as_list(), init, np.float32), tf.float32)
+        self._node(base + "/Assign", "AssignVariableOp", [base, init_value],
+                   dtype=_FLOAT)
         self._node(base + "/Read/ReadVariableOp", "ReadVariableOp", [base],
                    dtype=_FLOAT)
         self._variables.append((variable_pb2.VariableDef(
             variable_name=base + ":0",
             initializer_name=base + "/Assign",
             snapshot_name=base + "/Read/ReadVariableOp:0",
-            initial_value_name=base + "/Initializer/Const:0",
+            initial_value_name=init_value + ":0",
             trainable=False,
             is_resource=True), collections))
         return base
@@ -261,9 +302,7 @@ class QuantizerBatch(object):
         if spec.quant_delay:
             if step is None:
                 raise ValueError("quant_delay needs the quantization step.")
-            delay = self._const(p + "/delay", int(spec.quant_delay), tf.int64)
-            active = self._node(p + "/activate_quant", "GreaterEqual",
-                                [self._external(step), delay], T=_INT64)
+            active = self._activation_condition(step, spec.quant_delay)
             out = self._node(p + "/delayed_quant", "SelectV2",
                              [active, out, self._external(spec.inputs)],
                              T=_FLOAT)
@@ -276,20 +315,21 @@ class QuantizerBatch(object):
             batch_min = batch_max = x  # Every element is its own channel.
         else:
             axes = list(range(rank - 1)) if spec.per_channel else list(range(rank))
-            axes_const = self._const(p + "/reduction_indices", axes, tf.int32)
+            axes_const = self._shared_const("reduction_indices", axes,
+                                            tf.int32)
             batch_min = self._node(p + "/BatchMin", "Min", [x, axes_const],
                                    T=_FLOAT, Tidx=_INT32)
             batch_max = self._node(p + "/BatchMax", "Max", [x, axes_const],
                                    T=_FLOAT, Tidx=_INT32)
         # TFLite requires 0 inside every range.
-        zero = self._const(p + "/zero", 0.0, tf.float32)
+        zero = self._shared_const("zero", 0.0, tf.float32)
         lo = self._node(p + "/Minimum", "Minimum", [batch_min, zero], T=_FLOAT)
         hi = self._node(p + "/Maximum", "Maximum", [batch_max, zero], T=_FLOAT)
         if spec.symmetric:
             lo, hi = self._symmetric(p, lo, hi, spec.num_bits, spec.narrow_range)
         if spec.moving_average:
-            rate = self._const(p + "/ema_rate", 1.0 - float(spec.ema_decay),
-                               tf.float32)
+            rate = self._shared_const("ema_rate", 1.0 - float(spec.ema_decay),
+                                      tf.float32)
             lo = self._ema(p + "/AssignMinEma", min_var, lo, rate)
             hi = self._ema(p + "/AssignMaxEma", max_var, hi, rate)
         else:
@@ -304,7 +344,7 @@ class QuantizerBatch(object):
         else:
             # Two's complement: the negative side is one step longer.
             ratio = -float((1 << num_bits) - 2) / float(1 << num_bits)
-        r = self._const(p + "/symmetric_ratio", ratio, tf.float32)
+        r = self._shared_const("symmetric_ratio", ratio, tf.float32)
         div = self._node(p + "/symmetric_div", "RealDiv", [hi, r], T=_FLOAT)
         mul = self._node(p + "/symmetric_mul", "Mul", [lo, r], T=_FLOAT)
         new_lo = self._node(p + "/SymmetricMin", "Minimum", [lo, div], T=_FLOAT)

@@ -1,0 +1,95 @@
+"""Training step time, QAT / float, on tf_keras MobileNetV2 (96x96, batch 16).
+
+Builds two training graphs of the same model (weights=None): a float one and
+one rewritten by qat.create_training_graph. Each has its own Session; the
+tool warms both up, then interleaves their steps (float, QAT, float, QAT, ...)
+so both see the same machine load, and prints the median step times and the
+QAT / float ratio (target: <= 1.25).
+
+  .venv/bin/python tools/bench_train_step.py
+  .venv/bin/python tools/bench_train_step.py --steps=50 --batch_size=32
+"""
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("steps", 20, "Timed steps per graph (interleaved).")
+flags.DEFINE_integer("warmup", 3, "Untimed steps per graph first.")
+flags.DEFINE_integer("batch_size", 16, "Batch size.")
+flags.DEFINE_integer("image_size", 96, "Input height and width.")
+flags.DEFINE_integer("quant_delay", 0,
+                     "quant_delay of the QAT graph (0: quantized from step 1).")
+
+
+def _session(quantize: bool):
+    """Builds a MobileNetV2 training step; returns (session, train op, feed)."""
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tf_keras  # pylint: disable=g-import-not-at-top
+    import qat  # pylint: disable=g-import-not-at-top
+    size, batch = FLAGS.image_size, FLAGS.batch_size
+    g = tf.Graph()
+    with g.as_default():
+        tf_keras.backend.set_learning_phase(1)
+        x = tf.compat.v1.placeholder(tf.float32, [batch, size, size, 3],
+                                     name="images")
+        labels = tf.compat.v1.placeholder(tf.int32, [batch], name="labels")
+        model = tf_keras.applications.MobileNetV2(input_tensor=x,
+                                                  weights=None, classes=10)
+        logits = model.output.op.inputs[0]  # Before the softmax.
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits))
+        if quantize:
+            start = time.perf_counter()
+            qat.create_training_graph(g, quant_delay=FLAGS.quant_delay)
+            logging.info("create_training_graph: %.2f s",
+                         time.perf_counter() - start)
+        with tf.control_dependencies(model.updates):
+            train = tf.compat.v1.train.MomentumOptimizer(
+                1e-3, 0.9).minimize(loss)
+        init = tf.compat.v1.global_variables_initializer()
+    sess = tf.compat.v1.Session(graph=g)
+    sess.run(init)
+    rng = np.random.RandomState(0)
+    feed = {x: rng.uniform(-1, 1, [batch, size, size, 3]).astype(np.float32),
+            labels: rng.randint(0, 10, size=batch).astype(np.int32)}
+    return sess, train, feed
+
+
+def main(argv):
+    del argv
+    if FLAGS.steps < 1 or FLAGS.batch_size < 1:
+        raise app.UsageError("--steps and --batch_size must be positive.")
+    logging.info("building the float and the QAT MobileNetV2 training graphs")
+    runs = {"float": _session(False), "qat": _session(True)}
+    for key, (sess, train, feed) in runs.items():
+        logging.info("warming up %s", key)
+        for _ in range(FLAGS.warmup):
+            sess.run(train, feed)
+    times = {key: [] for key in runs}
+    for i in range(FLAGS.steps):
+        for key, (sess, train, feed) in runs.items():
+            start = time.perf_counter()
+            sess.run(train, feed)
+            times[key].append(time.perf_counter() - start)
+        logging.info("step %d/%d: float %.3f s, qat %.3f s", i + 1, FLAGS.steps,
+                     times["float"][-1], times["qat"][-1])
+    med = {key: statistics.median(v) for key, v in times.items()}
+    ratio = med["qat"] / med["float"]
+    print("MobileNetV2 %dx%d batch %d, median of %d interleaved steps: "
+          "float %.4f s, QAT %.4f s, QAT/float = %.3f (target <= 1.25: %s)"
+          % (FLAGS.image_size, FLAGS.image_size, FLAGS.batch_size,
+             FLAGS.steps, med["float"], med["qat"], ratio,
+             "met" if ratio <= 1.25 else "NOT met"))
+    for sess, _, _ in runs.values():
+        sess.close()
+
+
+if __name__ == "__main__":
+    app.run(main)
