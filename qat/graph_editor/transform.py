@@ -148,11 +148,10 @@ class Transformer(object):
                 raise ValueError("Op {!r} does not belong to source scope {!r}; pass "
                                  "a src_scope that contains every op of the view."
                                  .format(op.name, src_scope))
-        if dst_scope and not reuse_dst_scope:
-            dst_scope = util.scope_finalize(dst_graph.unique_name(dst_scope[:-1]))
-
         if self.transform_external_input_handler is replace_t_with_placeholder_handler:
             _transform_variables.check_no_ref_input_slots(sgv)
+        if dst_scope and not reuse_dst_scope:
+            dst_scope = util.scope_finalize(dst_graph.unique_name(dst_scope[:-1]))
 
         info = _TmpInfo(sgv, dst_graph, dst_scope, src_scope)
         if info.graph is not None and info.graph is not dst_graph and \
@@ -207,6 +206,7 @@ class Transformer(object):
             control_inputs_ = [self.transform_control_input_handler(info, ci)
                                for ci in op.control_inputs]
             control_inputs_ = [ci for ci in control_inputs_ if ci is not None]
+            control_inputs_ = list({id(ci): ci for ci in control_inputs_}.values())
             if control_inputs_:
                 reroute.add_control_inputs(op_, control_inputs_)
 
