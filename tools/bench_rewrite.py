@@ -1,0 +1,190 @@
+"""Times the qat rewrite: Keras models and generated networks of growing size.
+
+(1) create_training_graph on tf_keras MobileNetV2 (96x96) and ResNet50
+    (64x64), weights=None, graph mode (target: <= 0.3 s each); a second fresh
+    graph is rewritten step by step to split the time into fold_batch_norms
+    and insert_quant_ops.
+(2) The same rewrite on generated networks of about 3k, 30k and 300k ops
+    (residual blocks conv -> batch norm -> ReLU6 -> conv -> batch norm -> add
+    -> ReLU, resource variables, training mode, replicated from one template
+    block through a GraphDef import, so building them is cheap). Prints the
+    time per op of the original graph for each size: flat means linear.
+
+  .venv/bin/python tools/bench_rewrite.py
+  .venv/bin/python tools/bench_rewrite.py --models= --sizes=3000,30000
+"""
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("models", ["mobilenet_v2", "resnet50"],
+                  "Keras models: mobilenet_v2 (96x96), resnet50 (64x64).")
+flags.DEFINE_integer("repeats", 3, "Fresh Keras graphs rewritten per model "
+                     "(median reported).")
+flags.DEFINE_list("sizes", ["3000", "30000", "300000"],
+                  "Approximate op counts of the generated networks.")
+
+_SIZES = {"mobilenet_v2": 96, "resnet50": 64}
+
+
+def _keras_graph(name):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tf_keras  # pylint: disable=g-import-not-at-top
+    constructors = {"mobilenet_v2": tf_keras.applications.MobileNetV2,
+                    "resnet50": tf_keras.applications.ResNet50}
+    g = tf.Graph()
+    with g.as_default():
+        tf_keras.backend.set_learning_phase(1)
+        size = _SIZES[name]
+        x = tf.compat.v1.placeholder(tf.float32, [None, size, size, 3],
+                                     name="input")
+        constructors[name](input_tensor=x, weights=None)
+    return g
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _bench_keras():
+    import qat  # pylint: disable=g-import-not-at-top
+    rows = []
+    for name in FLAGS.models:
+        totals, folds, quants = [], [], []
+        for i in range(FLAGS.repeats):
+            logging.info("%s: rewrite %d/%d", name, i + 1, FLAGS.repeats)
+            g = _keras_graph(name)
+            ops = len(g.get_operations())
+            totals.append(_timed(lambda: qat.create_training_graph(g)))
+            g = _keras_graph(name)
+            with g.as_default():
+                folds.append(_timed(
+                    lambda: qat.fold_batch_norms(g, is_training=True)))
+                quants.append(_timed(
+                    lambda: qat.insert_quant_ops(g, is_training=True)))
+        rows.append((name, ops, statistics.median(totals),
+                     statistics.median(folds), statistics.median(quants)))
+    print("%-13s %8s %12s %10s %12s %8s" % (
+        "model", "ops", "create_s", "fold_s", "quantize_s", "<=0.3s"))
+    for name, ops, total, fold, quant in rows:
+        print("%-13s %8d %12.3f %10.3f %12.3f %8s" % (
+            name, ops, total, fold, quant, "yes" if total <= 0.3 else "no"))
+
+
+def _template():
+    """GraphDef of one residual block reading the placeholder 'block_input'."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    g = tf.Graph()
+    with g.as_default(), tf.compat.v1.variable_scope("", use_resource=True):
+        x = tf.compat.v1.placeholder(tf.float32, [2, 8, 8, 8],
+                                     name="block_input")
+        h = x
+        for i in range(2):
+            h = tf.compat.v1.layers.conv2d(h, 8, 3, padding="same",
+                                           use_bias=False, name="conv%d" % i)
+            h = tf.compat.v1.layers.batch_normalization(h, training=True,
+                                                        name="bn%d" % i)
+            if i == 0:
+                h = tf.nn.relu6(h)
+        out = tf.nn.relu(h + x, name="block_output")
+    return g.as_graph_def(), out.op.name
+
+
+def _generated_graph(target_ops):
+    """A chain of template blocks with about `target_ops` ops."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    template, out_name = _template()
+    nodes = [n for n in template.node if n.name != "block_input"]
+    blocks = max(1, round(target_ops / len(nodes)))
+    gdef = tf.compat.v1.GraphDef()
+    gdef.node.add().CopyFrom(
+        [n for n in template.node if n.name == "block_input"][0])
+    gdef.node[0].name = "input"
+    previous = "input"
+    for b in range(blocks):
+        prefix = "block%d/" % b
+
+        def rename(ref, prefix=prefix, previous=previous):
+            control = ref.startswith("^")
+            name = ref[1:] if control else ref
+            base, _, port = name.partition(":")
+            base = previous if base == "block_input" else prefix + base
+            name = base + (":" + port if port else "")
+            return ("^" if control else "") + name
+
+        for node in nodes:
+            new = gdef.node.add()
+            new.CopyFrom(node)
+            new.name = prefix + node.name
+            del new.input[:]
+            new.input.extend(rename(i) for i in node.input)
+            if "shared_name" in new.attr and new.attr["shared_name"].s:
+                new.attr["shared_name"].s = (prefix.encode() +
+                                             new.attr["shared_name"].s)
+            if "_class" in new.attr:
+                classes = [c.replace(b"loc:@", b"loc:@" + prefix.encode())
+                           for c in new.attr["_class"].list.s]
+                del new.attr["_class"].list.s[:]
+                new.attr["_class"].list.s.extend(classes)
+        previous = prefix + out_name
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(gdef, name="")
+    return g, blocks
+
+
+def _bench_generated():
+    import qat  # pylint: disable=g-import-not-at-top
+    rows = []
+    for size in FLAGS.sizes:
+        target = int(size)
+        logging.info("generating a network of about %d ops", target)
+        g, blocks = _generated_graph(target)
+        ops = len(g.get_operations())
+        logging.info("%d ops (%d blocks): folding", ops, blocks)
+        with g.as_default():
+            fold = _timed(lambda: qat.fold_batch_norms(g, is_training=True))
+            logging.info("folded in %.2f s: inserting quant ops", fold)
+            quant = _timed(lambda: qat.insert_quant_ops(g, is_training=True))
+        fakes = sum(1 for op in g.get_operations()
+                    if op.type == "FakeQuantWithMinMaxVars")
+        logging.info("quantized in %.2f s (%d FakeQuant ops)", quant, fakes)
+        rows.append((ops, blocks, fakes, fold, quant))
+    print("%9s %7s %9s %9s %11s %14s %16s" % (
+        "ops", "blocks", "fakequant", "fold_s", "quantize_s", "fold_us/op",
+        "quantize_us/op"))
+    for ops, blocks, fakes, fold, quant in rows:
+        print("%9d %7d %9d %9.2f %11.2f %14.1f %16.1f" % (
+            ops, blocks, fakes, fold, quant, 1e6 * fold / ops,
+            1e6 * quant / ops))
+    if len(rows) > 1:
+        first, last = rows[0], rows[-1]
+        print("per-op time, largest / smallest network: fold %.2f, quantize "
+              "%.2f (1.0 = linear)" % ((last[3] / last[0]) / (first[3] / first[0]),
+                                       (last[4] / last[0]) / (first[4] / first[0])))
+
+
+def main(argv):
+    del argv
+    for name in FLAGS.models:
+        if name not in _SIZES:
+            raise app.UsageError("Unknown model %r; choose from %s."
+                                 % (name, sorted(_SIZES)))
+    if FLAGS.repeats < 1:
+        raise app.UsageError("--repeats must be >= 1.")
+    if FLAGS.models:
+        _bench_keras()
+    if FLAGS.sizes:
+        _bench_generated()
+
+
+if __name__ == "__main__":
+    app.run(main)
