@@ -129,6 +129,47 @@ class CopyTest(absltest.TestCase):
         with self.assertRaises(TypeError):
             ge.copy_with_input_replacements(view, [(self.a, replacement)])
 
+    def test_copy_with_input_replacements_to_other_graph(self):
+        dst = tf.Graph()
+        with dst.as_default():
+            replacement = tf.constant([1.0, 1.0, 1.0], name="r")
+        view = ge.sgv(self.c.op, self.d.op)
+        sgv, info = ge.copy_with_input_replacements(view, {self.a: replacement}, dst_graph=dst)
+        c_ = info.transformed(self.c)
+        self.assertIs(c_.op.inputs[0], replacement)
+        # b is not replaced and cannot be kept in another graph: a placeholder.
+        self.assertEqual(c_.op.inputs[1].op.type, "Placeholder")
+        self.assertEqual(info.transformed(self.b), c_.op.inputs[1])
+        got = _run(dst, info.transformed(self.d),
+                   {c_.op.inputs[1]: [1.0, 2.0, 3.0], sgv.inputs[-1]: 2.0})
+        np.testing.assert_allclose(got, [4.0, 6.0, 8.0])
+        with self.assertRaisesRegex(ValueError, "not in the destination graph"):
+            ge.copy_with_input_replacements(view, {self.a: self.b}, dst_graph=dst)
+
+    def test_custom_handlers(self):
+        with self.graph.as_default():
+            with tf.control_dependencies([self.c.op]):
+                f = tf.identity(self.d, name="f")
+            tf1.add_to_collection("mine", f)
+        transformer = ge.Transformer()
+        transformer.transform_control_input_handler = lambda info, op: None
+        transformer.assign_collections_handler = lambda info, elem, elem_: None
+        transformer.transform_external_input_handler = (
+            lambda info, t: tf.ones_like(t))
+        transformer.transform_external_hidden_input_handler = (
+            lambda info, t: tf.zeros_like(t))
+        # Only `a` stays a view input: b and d become hidden inputs.
+        view = ge.sgv(self.c.op, f.op).remap_inputs([0])
+        self.assertEqual(list(view.inputs), [self.a])
+        with self.graph.as_default():
+            _, info = transformer(view, self.graph, "h")
+        f_ = info.transformed(f)
+        self.assertEqual(f_.op.control_inputs, [])
+        self.assertLen(self.graph.get_collection("h/mine"), 0)
+        self.assertLen(self.graph.get_collection("mine"), 1)
+        np.testing.assert_allclose(_run(self.graph, info.transformed(self.c)), [1.0, 1.0, 1.0])
+        np.testing.assert_allclose(_run(self.graph, f_), [0.0, 0.0, 0.0])
+
     def test_control_inputs(self):
         with self.graph.as_default():
             with tf.control_dependencies([self.c.op]):
