@@ -13,7 +13,6 @@ Exit status: 0 done; 1 bad input or a model not fully integer; 3 a parity
 threshold missed with --fail_on_parity.
 """
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -26,7 +26,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
 
 # tf.compat.v1.layers is the TF1 API this demo shows; its deprecation notes are noise here.
-warnings.filterwarnings("ignore", message=r".*`tf\.layers\.\w+` is deprecated", category=UserWarning)
+warnings.filterwarnings("ignore", message=r".*`tf\.layers\.\w+` is deprecated",
+                        category=UserWarning)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("epochs", 30, "Float training epochs.")

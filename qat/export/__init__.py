@@ -6,25 +6,44 @@
   parity   -> TFLite vs eval graph: top-1 agreement, difference in output steps
   pipeline -> export_tflite: all of the above in one call
 """
-from qat.export.convert import (FLAVOURS, convert_frozen_graph, input_range_from_fake_quant,
-                                quantized_input_stats, write_model)
-from qat.export.errors import (CheckpointError, ConversionError, ExportError, FloatOpError,
-                               GraphLoadError, ParityError, TensorNameError)
-from qat.export.freeze import (check_tensor_names, checkpoint_prefix, freeze_graph_file,
-                               freeze_session, load_graph_file)
-from qat.export.inspect import (FloatOp, ModelReport, check_fully_integer, check_runnable,
-                                describe_model, find_float_ops)
-from qat.export.parity import (ParityReport, check_parity, compare_outputs, parity_failures,
-                               run_graph,
-                               run_tflite)
-from qat.export.pipeline import ExportedModel, export_tflite
+from qat.export.convert import FLAVOURS
+from qat.export.convert import convert_frozen_graph
+from qat.export.convert import input_range_from_fake_quant
+from qat.export.convert import quantized_input_stats
+from qat.export.convert import write_model
+from qat.export.errors import CheckpointError
+from qat.export.errors import ConversionError
+from qat.export.errors import ExportError
+from qat.export.errors import FloatOpError
+from qat.export.errors import GraphLoadError
+from qat.export.errors import ParityError
+from qat.export.errors import TensorNameError
+from qat.export.freeze import check_tensor_names
+from qat.export.freeze import checkpoint_prefix
+from qat.export.freeze import freeze_graph_file
+from qat.export.freeze import freeze_session
+from qat.export.freeze import load_graph_file
+from qat.export.inspect import FloatOp
+from qat.export.inspect import ModelReport
+from qat.export.inspect import check_fully_integer
+from qat.export.inspect import check_runnable
+from qat.export.inspect import describe_model
+from qat.export.inspect import find_float_ops
+from qat.export.parity import ParityReport
+from qat.export.parity import check_parity
+from qat.export.parity import compare_outputs
+from qat.export.parity import parity_failures
+from qat.export.parity import run_graph
+from qat.export.parity import run_tflite
+from qat.export.pipeline import ExportedModel
+from qat.export.pipeline import export_tflite
 
 __all__ = [
     "FLAVOURS", "CheckpointError", "ConversionError", "ExportError", "ExportedModel",
     "FloatOp", "FloatOpError", "GraphLoadError", "ModelReport", "ParityError", "ParityReport",
-    "TensorNameError", "check_fully_integer", "check_parity", "check_runnable", "check_tensor_names",
-    "checkpoint_prefix", "compare_outputs", "convert_frozen_graph", "describe_model",
-    "export_tflite", "find_float_ops", "freeze_graph_file", "freeze_session",
-    "input_range_from_fake_quant", "load_graph_file", "parity_failures", "quantized_input_stats", "run_graph",
-    "run_tflite", "write_model",
+    "TensorNameError", "check_fully_integer", "check_parity", "check_runnable",
+    "check_tensor_names", "checkpoint_prefix", "compare_outputs", "convert_frozen_graph",
+    "describe_model", "export_tflite", "find_float_ops", "freeze_graph_file", "freeze_session",
+    "input_range_from_fake_quant", "load_graph_file", "parity_failures",
+    "quantized_input_stats", "run_graph", "run_tflite", "write_model",
 ]

@@ -5,7 +5,6 @@ MetaGraphDef `.meta`) plus a checkpoint. The caller's graph is never edited:
 files are imported into fresh graphs and sessions are only read.
 """
 import difflib
-import os
 from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np

@@ -109,7 +109,8 @@ def describe_model(model: bytes) -> ModelReport:
         scale, zero_point = t["quantization"]
         zero_points = t["quantization_parameters"]["zero_points"]
         if zero_points.size > 1:  # Per-channel: report the first nonzero one, if any.
-            zero_point = int(zero_points[np.flatnonzero(zero_points)[0]]) if zero_points.any() else 0
+            nonzero = np.flatnonzero(zero_points)
+            zero_point = int(zero_points[nonzero[0]]) if nonzero.size else 0
         tensors[t["index"]] = TensorInfo(t["index"], t["name"], t["dtype"],
                                          tuple(int(d) for d in t["shape"]),
                                          float(scale), int(zero_point))
