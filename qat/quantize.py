@@ -40,6 +40,7 @@ from qat import layer_patterns
 from qat import quant_ops
 from qat import quantize_patterns as qp
 from qat import step_counter
+from qat.graph_editor import reroute
 
 
 @dataclasses.dataclass
@@ -73,8 +74,8 @@ def _in_scope(op: tf.Operation, scope: Optional[str]) -> bool:
 
 
 def _is_float(t: tf.Tensor) -> bool:
-    return t.dtype.base_dtype in (tf.float32, tf.float16, tf.bfloat16,
-                                  tf.float64)
+    # FakeQuant ops take float32 only; other tensors are left alone.
+    return t.dtype == tf.float32
 
 
 def _reaches(start: tf.Operation, target: tf.Operation, depth: int = 5) -> bool:
@@ -415,11 +416,8 @@ class _Planner(object):
 
 
 def _reroute(new: tf.Tensor, old: tf.Tensor, consumers) -> None:
-    consumers = set(consumers)
-    for op in consumers:
-        for i, t in enumerate(op.inputs):
-            if t is old:
-                op._update_input(i, new)  # pylint: disable=protected-access
+    if consumers:
+        reroute.reroute_ts(new, old, can_modify=consumers)
 
 
 def _spec(plan: _Plan, is_training: bool, weight_bits: int,
@@ -517,7 +515,7 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
     for plan, out in zip(plans, outputs):
         _reroute(out, plan.tensor, plan.consumers)
         for layer in plan.weight_sharers:
-            layer._update_input(1, out)  # pylint: disable=protected-access
+            _reroute(out, layer.inputs[1], [layer])
     return [plan.prefix for plan in plans]
 
 
