@@ -152,8 +152,9 @@ class _Planner(object):
         self.weight_plans: Dict[object, _Plan] = {}
         ops = graph.get_operations()
         self.gradient_ops = self._gradient_ops(ops)
-        self.layers = [op for op in layer_patterns.layer_ops(graph)
-                       if op not in self.gradient_ops]
+        layers = layer_patterns.layer_ops(graph)
+        layers += [op for op in ops if op.type in qp.TRANSPOSED_CONV_TYPES]
+        self.layers = [op for op in layers if op not in self.gradient_ops]
         self.data_ops = self._data_ops(ops)
 
     # --- Graph analysis -----------------------------------------------------
@@ -182,7 +183,7 @@ class _Planner(object):
 
     def _data_ops(self, ops) -> Set[tf.Operation]:
         seeds = list(self.layers)
-        seeds.extend(layer.inputs[0].op for layer in self.layers)
+        seeds.extend(qp.data_input(layer).op for layer in self.layers)
         seeds.extend(op for op in ops if op.type in qp.INPUT_TYPES
                      and any(_is_float(o) for o in op.outputs))
         return self._forward_closure(seeds)
@@ -314,7 +315,7 @@ class _Planner(object):
         return found
 
     def plan_weights(self, layer: tf.Operation) -> None:
-        w = layer_patterns.weight_input(layer)
+        w = layer.inputs[1]  # The weights, for every layer type.
         if is_quantized_output(w):
             return
         # Reads of one resource variable are one weight: quantized once.
@@ -327,7 +328,12 @@ class _Planner(object):
         sharing = [c for c in w.consumers()
                    if c.type in qp.LAYER_TYPES and c.inputs[1] is w
                    and c not in self.gradient_ops]
-        per_channel = self.per_channel and w.shape.rank in (2, 4)
+        # Per channel means along the output channels, the last axis of the
+        # weights (depthwise: reshaped in _spec); not for transposed layouts.
+        per_channel = (self.per_channel and w.shape.rank in (2, 4)
+                       and layer.type not in qp.TRANSPOSED_CONV_TYPES
+                       and not (layer.type == "MatMul"
+                                and layer.get_attr("transpose_b")))
         if self._plan(w, _context(layer), "weights_quant", -6.0, sharing,
                       is_weight=True, per_channel=per_channel):
             self.weight_plans[key] = self.plans[w]
@@ -394,7 +400,7 @@ class _Planner(object):
                 self.plan_add_output(op, after_activation=after)
 
     def plan_layer_input(self, layer: tf.Operation) -> None:
-        t = layer.inputs[0]
+        t = qp.data_input(layer)
         while (t.op.type in qp.SAME_SCALE_TYPES and t.op.inputs
                and not self._is_handled(t)):
             t = t.op.inputs[0]

@@ -5,7 +5,17 @@ pass); this module lists what the quantize pass walks through after them.
 """
 from qat import layer_patterns
 
-LAYER_TYPES = frozenset(layer_patterns.LAYER_TYPES)
+# Transposed convolutions (contrib never quantized them): Conv2DBackpropInput
+# (input_sizes, filter, data). Their weights are input 1 like the others.
+TRANSPOSED_CONV_TYPES = frozenset(["Conv2DBackpropInput"])
+LAYER_TYPES = frozenset(layer_patterns.LAYER_TYPES) | TRANSPOSED_CONV_TYPES
+
+
+def data_input(layer_op):
+    """The activation tensor a layer op reads."""
+    if layer_op.type in TRANSPOSED_CONV_TYPES:
+        return layer_op.inputs[2]
+    return layer_op.inputs[0]
 
 # Activations fused into the layer at inference; their output gets act_quant.
 ACTIVATION_TYPES = frozenset(["Relu", "Relu6", "Identity", "LeakyRelu"])
@@ -64,7 +74,15 @@ def is_optimizer_op(op) -> bool:
             or t.startswith("SparseApply") or t.startswith("ResourceSparseApply"))
 
 
+_GRADIENT_ONLY_TYPES = frozenset([
+    "Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter",
+    "DepthwiseConv2dNativeBackpropInput", "BroadcastGradientArgs"])
+
+
 def is_gradient_kernel(op) -> bool:
-    """True for ops that only gradient computations create."""
-    t = op.type
-    return t.endswith("Grad") or "Backprop" in t or t == "BroadcastGradientArgs"
+    """True for ops that only gradient computations create.
+
+    Conv2DBackpropInput is not one: it is also the forward op of transposed
+    convolutions.
+    """
+    return op.type.endswith("Grad") or op.type in _GRADIENT_ONLY_TYPES

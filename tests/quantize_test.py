@@ -94,6 +94,27 @@ class InsertQuantOpsTest(absltest.TestCase):
         self.assertIs(g.get_operation_by_name("fc/MatMul").inputs[0],
                       fqs["pool/mean_quant"].outputs[0])
 
+    def test_transposed_conv_quantized(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [1, 4, 4, 3], name="x")
+            w = tf.compat.v1.get_variable("up/weights", [3, 3, 5, 3])
+            b = tf.compat.v1.get_variable("up/biases", [5])
+            y = tf.nn.conv2d_transpose(x, w, [1, 8, 8, 5], 2,
+                                       name="up/conv2d_transpose")
+            y = tf.nn.leaky_relu(tf.nn.bias_add(y, b), name="up/LeakyRelu")
+            out = _conv(y, "next")
+            tf.identity(out, name="out")
+            qat.insert_quant_ops(g, is_training=True)
+        fqs = _fake_quants(g)
+        self.assertEqual(set(fqs), {"up/weights_quant", "up/act_quant",
+                                    "next/weights_quant", "next/act_quant",
+                                    "x/input_quant"})
+        transposed = g.get_operation_by_name("up/conv2d_transpose")
+        self.assertIs(transposed.inputs[1], fqs["up/weights_quant"].outputs[0])
+        self.assertIs(transposed.inputs[2], fqs["x/input_quant"].outputs[0])
+        self.assertEqual(fqs["up/act_quant"].inputs[0].op.type, "LeakyRelu")
+
     def test_gradient_ops_never_quantized(self):
         g = tf.Graph()
         with g.as_default():
