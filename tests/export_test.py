@@ -114,6 +114,15 @@ class ExportBothFlavoursTest(absltest.TestCase):
                 export.run_tflite(results["uint8"].model, inputs), expected, err_msg=path)
 
 
+    def test_frozen_graph_file_needs_no_checkpoint(self):
+        frozen = export.freeze_session(self.sess, ["output"])
+        tf.io.write_graph(frozen, self.tmp, "frozen.pb", as_text=False)
+        results = export.export_tflite(
+            ["input"], ["output"], os.path.join(self.tmp, "frozen"), flavours=["uint8"],
+            graph_path=os.path.join(self.tmp, "frozen.pb"), input_ranges={"input": (0, 1)})
+        self.assertEqual(results["uint8"].model, self.results["uint8"].model)
+
+
 class ResourceAndRefVariablesTest(absltest.TestCase):
 
     def test_ref_variables(self):
