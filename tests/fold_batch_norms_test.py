@@ -147,6 +147,11 @@ _CASES = [
     ("matmul", "unfused"),
 ]
 _PARAMS = [("%s_%s" % case, case[0], case[1]) for case in _CASES]
+# Training tests: every case with the SelectV2 tail, some with the cond tail.
+_COND_CASES = [("conv", "fused"), ("conv_bias", "unfused"), ("depthwise", "unfused"),
+               ("atrous", "fused"), ("matmul", "fused"), ("conv", "v1_fused")]
+_TRAIN_PARAMS = ([(name, layer, bn, False) for name, layer, bn in _PARAMS]
+                 + [("%s_%s_cond" % case, case[0], case[1], True) for case in _COND_CASES])
 
 
 class FoldBatchNormsTest(tf.test.TestCase, parameterized.TestCase):
@@ -176,12 +181,13 @@ class FoldBatchNormsTest(tf.test.TestCase, parameterized.TestCase):
                 g.as_graph_def(), [out.op.name]).node
         self.assertNotIn(result.folded[0].batch_norm, [n.name for n in ops])
 
-    @parameterized.named_parameters(*_PARAMS)
-    def test_training_fold_before_freeze(self, layer, bn):
+    @parameterized.named_parameters(*_TRAIN_PARAMS)
+    def test_training_fold_before_freeze(self, layer, bn, use_cond):
         ref_g, ref_x, ref_out, ref_w = _build(layer, bn, training=True)
         g, x, out, w = _build(layer, bn, training=True)
         values = _values(g, 5)
-        result = fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=100)
+        result = fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=100,
+                                  use_cond=use_cond)
         self.assertEmpty(result.skipped)
         self.assertLen(result.folded, 1)
         self.assertTrue(result.folded[0].training)
@@ -207,12 +213,12 @@ class FoldBatchNormsTest(tf.test.TestCase, parameterized.TestCase):
         for a, b in zip(mv, ref_mv):
             self.assertLess(_rel_err(a, b), 1e-4)
 
-    @parameterized.named_parameters(*_PARAMS)
-    def test_training_fold_after_freeze(self, layer, bn):
+    @parameterized.named_parameters(*_TRAIN_PARAMS)
+    def test_training_fold_after_freeze(self, layer, bn, use_cond):
         eval_g, eval_x, eval_out, eval_w = _build(layer, bn, training=False)
         g, x, out, w = _build(layer, bn, training=True)
         values = _values(g, 11)
-        fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=1)
+        fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=1, use_cond=use_cond)
         fetches = []
         for graph, xt, o, wt in ((eval_g, eval_x, eval_out, eval_w), (g, x, out, w)):
             with graph.as_default():
@@ -238,12 +244,14 @@ class FoldBatchNormsTest(tf.test.TestCase, parameterized.TestCase):
             self.assertLess(_rel_err(a, b), 1e-4)
 
     @parameterized.named_parameters(
-        ("conv_fused", "conv", "fused"), ("conv_unfused", "conv", "unfused"),
-        ("depthwise_fused", "depthwise", "fused"), ("matmul_unfused", "matmul", "unfused"))
-    def test_zero_gamma_gives_no_nan(self, layer, bn):
+        ("conv_fused", "conv", "fused", False), ("conv_unfused", "conv", "unfused", False),
+        ("depthwise_fused", "depthwise", "fused", False),
+        ("matmul_unfused", "matmul", "unfused", False),
+        ("conv_fused_cond", "conv", "fused", True))
+    def test_zero_gamma_gives_no_nan(self, layer, bn, use_cond):
         g, x, out, w = _build(layer, bn, training=True)
         values = _values(g, 13, gamma_zero=True)
-        fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=1)
+        fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=1, use_cond=use_cond)
         with g.as_default():
             grads = tf.gradients(tf.reduce_sum(out), [x, w])
         with _session(g, values) as sess:
@@ -256,12 +264,16 @@ class FoldBatchNormsTest(tf.test.TestCase, parameterized.TestCase):
 class FoldStructureTest(tf.test.TestCase):
 
     def test_second_call_changes_nothing(self):
-        for training in (False, True):
-            g, _, _, _ = _build("conv_bias", "fused", training=training)
-            first = fold_batch_norms(g, is_training=training, freeze_batch_norm_delay=5)
+        for training, bn, use_cond in ((False, "fused", False), (True, "fused", False),
+                                       (False, "unfused", False), (True, "unfused", False),
+                                       (True, "fused", True)):
+            g, _, _, _ = _build("conv_bias", bn, training=training)
+            first = fold_batch_norms(g, is_training=training, freeze_batch_norm_delay=5,
+                                     use_cond=use_cond)
             self.assertLen(first.folded, 1)
             before = g.as_graph_def()
-            second = fold_batch_norms(g, is_training=training, freeze_batch_norm_delay=5)
+            second = fold_batch_norms(g, is_training=training, freeze_batch_norm_delay=5,
+                                      use_cond=use_cond)
             self.assertEqual(second.folded, [])
             self.assertEqual(second.skipped, [])
             self.assertProtoEquals(before, g.as_graph_def())
@@ -278,6 +290,17 @@ class FoldStructureTest(tf.test.TestCase):
         self.assertEqual([c.type for c in folded.bias_add.outputs[0].consumers()], ["SelectV2"])
         self.assertEqual(folded.output.op.type, "SelectV2")
         self.assertEqual(out.op.inputs[0].op, folded.output.op)
+
+    def test_cond_tail_structure(self):
+        g, _, out, _ = _build("conv_bias", "fused", training=True)
+        folded = fold_batch_norms(g, is_training=True, use_cond=True).folded[0]
+        self.assertIsNone(folded.bias_add)
+        self.assertEqual(folded.output.op.type, "Identity")
+        cond = folded.output.op.inputs[0].op
+        self.assertIn(cond.type, ("If", "StatelessIf"))
+        self.assertEqual(sorted(c.type for c in folded.layer_op.outputs[0].consumers()),
+                         sorted(["Mul", cond.type]))
+        self.assertIs(out.op.inputs[0], folded.output)
 
     def test_eval_tail_structure_and_scope(self):
         g = tf.Graph()
