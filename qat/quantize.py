@@ -381,20 +381,47 @@ class _Planner(object):
         kind = "post_activation_bypass_quant" if after_activation else "add_quant"
         self._plan(out, ctx, kind, -6.0, self._consumers(out))
 
+    def _handled_through(self, t: tf.Tensor) -> bool:
+        """True if `t` has a range, maybe behind same-scale ops (pooling...)."""
+        while not self._is_handled(t):
+            if t.op.type not in qp.SAME_SCALE_TYPES or not t.op.inputs:
+                return False
+            t = t.op.inputs[0]
+        return True
+
+    @staticmethod
+    def _is_spatial_mean(op: tf.Operation) -> bool:
+        """A global average pooling: Mean of a 4-D tensor over H and W."""
+        if op.inputs[0].shape.rank != 4 or op.inputs[1].op.type != "Const":
+            return False
+        axes = tf.make_ndarray(op.inputs[1].op.get_attr("value")).ravel()
+        axes = {int(a) % 4 for a in axes}
+        return axes in ({1, 2}, {2, 3})
+
     def plan_other_outputs(self) -> None:
-        """Concat, Mean and residual-add outputs outside layer tails."""
+        """Concat, global-pooling Mean and residual-add outputs outside tails.
+
+        Only where the inputs already have ranges, so model code gets them
+        and loss arithmetic (a mean of the cross entropy, a sum of losses)
+        does not.
+        """
         for op in sorted(self.data_ops, key=lambda o: o._id):  # pylint: disable=protected-access
             if (op in self.tail_ops or op in self.gradient_ops
                     or not _in_scope(op, self.scope) or not op.outputs):
                 continue
             if op.type in qp.CONCAT_TYPES:
-                self._plan(op.outputs[0], _own_context(op), "concat_quant",
-                           -6.0, self._consumers(op.outputs[0]))
+                values = [i for i in op.inputs if _is_float(i)]
+                if values and all(self._handled_through(i) for i in values):
+                    self._plan(op.outputs[0], _own_context(op), "concat_quant",
+                               -6.0, self._consumers(op.outputs[0]))
             elif op.type in qp.MEAN_TYPES:
-                self._plan(op.outputs[0], _own_context(op), "mean_quant",
-                           -6.0, self._consumers(op.outputs[0]))
+                if (self._is_spatial_mean(op)
+                        and self._handled_through(op.inputs[0])):
+                    self._plan(op.outputs[0], _own_context(op), "mean_quant",
+                               -6.0, self._consumers(op.outputs[0]))
             elif (op.type in qp.RESIDUAL_ADD_TYPES and len(op.inputs) == 2
-                  and all(self._is_data(i) for i in op.inputs)):
+                  and all(self._is_data(i) for i in op.inputs)
+                  and all(self._handled_through(i) for i in op.inputs)):
                 after = any(i.op.type in qp.ACTIVATION_TYPES
                             or is_quantized_output(i) for i in op.inputs)
                 self.plan_add_output(op, after_activation=after)

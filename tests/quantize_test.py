@@ -115,6 +115,24 @@ class InsertQuantOpsTest(absltest.TestCase):
         self.assertIs(transposed.inputs[2], fqs["x/input_quant"].outputs[0])
         self.assertEqual(fqs["up/act_quant"].inputs[0].op.type, "LeakyRelu")
 
+    def test_loss_arithmetic_not_quantized(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2, 8, 8, 3], name="x")
+            labels = tf.compat.v1.placeholder(tf.int32, [2], name="labels")
+            h = tf.reduce_mean(_conv(x, "c"), [1, 2], name="pool/Mean")
+            w = tf.compat.v1.get_variable("fc/weights", [4, 3])
+            logits = tf.matmul(h, w, name="fc/MatMul")
+            xent = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=logits)
+            loss = tf.add(tf.reduce_mean(xent, name="loss/Mean"),
+                          tf.reduce_mean(tf.square(logits)), name="loss/add")
+            qat.insert_quant_ops(g, is_training=True)
+        self.assertEqual(set(_fake_quants(g)), {
+            "c/weights_quant", "c/act_quant", "pool/mean_quant",
+            "fc/weights_quant", "fc/act_quant", "x/input_quant"})
+        self.assertEqual(loss.op.inputs[0].op.type, "Mean")
+
     def test_gradient_ops_never_quantized(self):
         g = tf.Graph()
         with g.as_default():
