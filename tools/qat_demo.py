@@ -98,16 +98,19 @@ def _train_graph(quantize: bool, seed: int):
         labels = tf1.placeholder(tf.int64, [None], name="labels")
         logits = build_model(images, is_training=True)
         model_variables = tf1.global_variables()
-        if quantize:  # Before the optimizer, as in contrib.
+        # The contrib recipe: forward pass and loss, then the rewrite, then the
+        # optimizer. The loss must exist first: the logits' FakeQuant is only
+        # routed into (and its range trained by) consumers present at rewrite time.
+        loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), labels), tf.float32))
+        if quantize:
             if FLAGS.symmetric:
                 qat.experimental_create_training_graph(graph, symmetric=True)
             else:
                 qat.create_training_graph(graph)
-        loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
         rate = FLAGS.qat_learning_rate if quantize else FLAGS.learning_rate
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             train_op = tf1.train.AdamOptimizer(rate).minimize(loss)
-        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), labels), tf.float32))
         init = tf1.global_variables_initializer()
         float_saver = tf1.train.Saver(model_variables)
         saver = tf1.train.Saver()
