@@ -115,6 +115,25 @@ class InsertQuantOpsTest(absltest.TestCase):
         self.assertIs(transposed.inputs[2], fqs["x/input_quant"].outputs[0])
         self.assertEqual(fqs["up/act_quant"].inputs[0].op.type, "LeakyRelu")
 
+    def test_scaled_residual(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [1, 8, 8, 4], name="x")
+            branch = _conv(x, "block/conv", act=None)
+            scaled = tf.multiply(branch, 0.2, name="block/conv/scale")
+            out = tf.nn.relu(tf.add(x, scaled, name="block/add"),
+                             name="block/Relu")
+            tf.identity(out, name="out")
+            qat.insert_quant_ops(g, is_training=True)
+        fqs = _fake_quants(g)
+        self.assertEqual(set(fqs), {"block/conv/weights_quant",
+                                    "block/conv/conv_quant", "block/act_quant",
+                                    "x/input_quant"})
+        self.assertIs(fqs["block/conv/conv_quant"].inputs[0], scaled)
+        add = g.get_operation_by_name("block/add")
+        self.assertIs(add.inputs[1], fqs["block/conv/conv_quant"].outputs[0])
+        self.assertIs(add.inputs[0], fqs["x/input_quant"].outputs[0])
+
     def test_loss_arithmetic_not_quantized(self):
         g = tf.Graph()
         with g.as_default():
