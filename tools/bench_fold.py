@@ -27,8 +27,8 @@ flags.DEFINE_integer("repeats", 1, "Fresh graphs folded per model and mode (medi
 flags.DEFINE_integer("batch_size", 2, "Batch dimension of the input placeholder.")
 flags.DEFINE_integer("step_time_steps", 0,
                      "If > 0: also time this many SGD training steps (batch --step_batch_size) "
-                     "of the float graph and of the training-folded graph, alternating, and "
-                     "print the folded/float step-time ratio.")
+                     "of the float graph and of the training-folded graphs (SelectV2 tail and "
+                     "use_cond tail), alternating, and print the folded/float step-time ratios.")
 flags.DEFINE_integer("step_batch_size", 8, "Batch size of the step-time measurement.")
 
 _SIZES = {"mobilenet_v2": 96, "resnet50": 64}
@@ -93,14 +93,14 @@ def main(argv):
             _step_time(name, fold_batch_norms)
 
 
-def _train_step(name: str, fold_fn):
+def _train_step(name: str, fold_fn, use_cond=False):
     """A float training step (SGD + moving-average updates), folded or not."""
     import numpy as np  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     g, model = _build(name, True, FLAGS.step_batch_size)
     with g.as_default():
         if fold_fn is not None:
-            fold_fn(g, is_training=True, freeze_batch_norm_delay=10**9)
+            fold_fn(g, is_training=True, freeze_batch_norm_delay=10**9, use_cond=use_cond)
         labels = tf.one_hot(tf.zeros([FLAGS.step_batch_size], tf.int32), 1000)
         logits = model.output.op.inputs[0]
         loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(labels=labels, logits=logits))
@@ -118,7 +118,8 @@ def _train_step(name: str, fold_fn):
 def _step_time(name: str, fold_fn) -> None:
     import time as _time  # pylint: disable=g-import-not-at-top
     logging.info("%s: building float and folded training steps", name)
-    runs = {"float": _train_step(name, None), "folded": _train_step(name, fold_fn)}
+    runs = {"float": _train_step(name, None), "folded": _train_step(name, fold_fn),
+            "folded_cond": _train_step(name, fold_fn, use_cond=True)}
     for sess, train, feed in runs.values():
         for _ in range(3):  # Warm-up.
             sess.run(train, feed)
@@ -130,10 +131,17 @@ def _step_time(name: str, fold_fn) -> None:
             times[key].append(_time.perf_counter() - start)
         logging.info("%s: step %d/%d", name, i + 1, FLAGS.step_time_steps)
     medians = {key: statistics.median(v) for key, v in times.items()}
-    print("%s training step (batch %d), median of %d: float %.4f s, folded %.4f s, "
-          "folded/float = %.3f" % (name, FLAGS.step_batch_size, FLAGS.step_time_steps,
-                                   medians["float"], medians["folded"],
-                                   medians["folded"] / medians["float"]))
+    minimums = {key: min(v) for key, v in times.items()}
+    print("%s training step minimums: float %.4f s, folded %.4f s, folded_cond %.4f s; "
+          "ratios %.3f, %.3f" % (name, minimums["float"], minimums["folded"],
+                                 minimums["folded_cond"],
+                                 minimums["folded"] / minimums["float"],
+                                 minimums["folded_cond"] / minimums["float"]))
+    print("%s training step (batch %d), median of %d: float %.4f s, folded (SelectV2) "
+          "%.4f s, folded (use_cond) %.4f s; folded/float = %.3f, folded_cond/float = %.3f"
+          % (name, FLAGS.step_batch_size, FLAGS.step_time_steps, medians["float"],
+             medians["folded"], medians["folded_cond"], medians["folded"] / medians["float"],
+             medians["folded_cond"] / medians["float"]))
     for sess, _, _ in runs.values():
         sess.close()
 
