@@ -16,14 +16,13 @@ the layer op's name scope.
 Eval structure (is_training=False, or a batch norm that already normalises
 with moving statistics):
 
-    layer(x, w*s) [-> BatchToSpaceND] -> BiasAdd(b_fold)  "<ctx>/BiasAdd_Fold"
-        [-> Reshape "<ctx>/Reshape_Fold"] -> the batch norm's former consumers
-
-  The old bias / batch-norm ops are detached: their input becomes a
-  placeholder, so nothing dead hangs off the layer. Exception: an eval fold
-  of a batch norm that uses batch statistics (a training graph) keeps it fed
-  with `y * (1/s)` like the training structure, so its moving-average update
-  ops still compute what they did.
+    layer(x, w*s) [-> BatchToSpaceND] = y
+      y -> BiasAdd(b_fold) "<ctx>/BiasAdd_Fold" [-> Reshape "<ctx>/Reshape_Fold"]
+          -> the batch norm's former consumers
+      y -> Mul(y, 1/s) "<ctx>/div_fold" -> [old bias ->] old batch norm
+          (no consumers left: never run unless its output is fetched, which
+          still gives the unfolded value; moving-average updates of a
+          batch-statistics batch norm keep computing what they did)
 
 Training structure (is_training=True, batch norm using batch statistics).
 DESIGN DECISION: the convolution is computed ONCE (PyTorch ConvBn style), not
@@ -339,17 +338,14 @@ def _apply(plan: _Plan, graph: tf.Graph, freeze_factory, use_cond: bool) -> Fold
         if not (plan.training and use_cond):
             bias_add, folded = make_folded()
         frozen = None
-        if plan.training or bn.updates:
-            # Keep the original batch norm (and its moving-average updates)
-            # fed with the unscaled layer output.
-            inv_s = tf.stop_gradient(tf.math.divide_no_nan(tf.ones_like(s), s),
-                                     name="scale_fold/inverse")
-            unscaled = tf.multiply(plan.layer_output, _per_channel(inv_s, plan.channels_first),
-                                   name="div_fold")
-            reroute.reroute_ts(unscaled, plan.layer_output, can_modify=plan.old_consumers)
-        else:
-            detached = ge_util.make_placeholder_from_tensor(plan.layer_output, scope=scope)
-            reroute.reroute_ts(detached, plan.layer_output, can_modify=plan.old_consumers)
+        # Keep the original batch norm (and its moving-average updates) fed
+        # with the unscaled layer output: exact, and computed only when
+        # something still reads it (training, or a fetch of the old output).
+        inv_s = tf.stop_gradient(tf.math.divide_no_nan(tf.ones_like(s), s),
+                                 name="scale_fold/inverse")
+        unscaled = tf.multiply(plan.layer_output, _per_channel(inv_s, plan.channels_first),
+                               name="div_fold")
+        reroute.reroute_ts(unscaled, plan.layer_output, can_modify=plan.old_consumers)
     output = folded
     if plan.training:
         frozen = freeze.frozen

@@ -313,8 +313,32 @@ class FoldStructureTest(tf.test.TestCase):
         folded = fold_batch_norms(g, is_training=False).folded[0]
         self.assertEqual(folded.layer_op.name, "net/conv1/Conv2D")
         self.assertEqual(folded.bias_add.name, "net/conv1/BiasAdd_Fold")
-        self.assertEqual(folded.layer_op.outputs[0].consumers(), [folded.bias_add])
+        self.assertEqual(sorted(c.type for c in folded.layer_op.outputs[0].consumers()),
+                         ["BiasAdd", "Mul"])
         self.assertIs(out.op.inputs[0], folded.output)
+
+    def test_nchw_and_fetched_old_output(self):
+        for training in (False, True):
+            g = tf.Graph()
+            with g.as_default():
+                x = tf.compat.v1.placeholder(tf.float32, [2, 3, 6, 6])
+                y = tf.nn.conv2d(x, _variable("w", [3, 3, 3, 4]), 1, "SAME", data_format="NCHW")
+                y = tf.nn.bias_add(y, _variable("b", [4]), data_format="NCHW")
+                bn_out = tf.compat.v1.layers.batch_normalization(
+                    y, axis=1, fused=True, training=training)
+                out = tf.nn.relu(bn_out)
+            values = _values(g, 17)
+            xv = np.random.RandomState(1).normal(size=[2, 3, 6, 6]).astype(np.float32)
+            with _session(g, values) as sess:
+                expected = sess.run(out, {x: xv})
+            result = fold_batch_norms(g, is_training=training)
+            self.assertLen(result.folded, 1)
+            with _session(g, values) as sess:
+                got, old = sess.run([out, bn_out], {x: xv})
+            self.assertLess(_rel_err(got, expected), 1e-5)
+            # The old batch-norm output, fetched directly, still computes the
+            # unfolded value.
+            self.assertLess(_rel_err(np.maximum(old, 0), expected), 1e-5)
 
     def test_device_is_kept(self):
         g = tf.Graph()
