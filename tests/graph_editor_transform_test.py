@@ -414,8 +414,11 @@ class ControlFlowTest(absltest.TestCase):
             (dy,) = tf.gradients(y_, x_)
         self.assertEqual(_run(dst, dy, {x_: 3.0}), 2.0)
         with graph.as_default():
-            y2 = ge.graph_replace(y, {x: tf.constant(-4.0)})
-        self.assertEqual(_run(graph, y2), -5.0)
+            four = tf.constant(4.0)
+            y2, w2 = ge.graph_replace([y, w], {x: four})
+            dy2, dw2 = tf.gradients(y2, four)[0], tf.gradients(w2, four)[0]
+        # y = 2 x; the loop adds x twice to x (4, 8, 12): w = 3 x.
+        self.assertEqual(_run(graph, [y2, w2, dy2, dw2]), [8.0, 12.0, 2.0, 3.0])
 
 
 class CollectionsAndVariablesTest(absltest.TestCase):
