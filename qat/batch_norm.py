@@ -107,16 +107,17 @@ class BatchNorm:
                      or self.variance_variable is not None))
 
 
-def _same_tensor(a: tf.Tensor, b: tf.Tensor) -> bool:
+def same_tensor(a: tf.Tensor, b: tf.Tensor) -> bool:
+    """True if `a` and `b` are the same output of the same op."""
     return a.op is b.op and a.value_index == b.value_index
 
 
 def _reads_variable(t: tf.Tensor, variable: tf.Tensor) -> bool:
     """True if `t` holds the value of `variable` (handle or ref)."""
-    if _same_tensor(t, variable):
+    if same_tensor(t, variable):
         return variable.dtype != tf.resource
     if t.op.type in ("ReadVariableOp", "Identity") and t.op.inputs:
-        return _same_tensor(t.op.inputs[0], variable)
+        return same_tensor(t.op.inputs[0], variable)
     return False
 
 
@@ -139,7 +140,7 @@ def _find_updates(statistic: tf.Tensor) -> List[Tuple[MovingAverageUpdate, Optio
                 continue
             seen.add(key)
             if consumer.type in ASSIGN_SUB_TYPES + ASSIGN_TYPES:
-                if len(consumer.inputs) > 1 and _same_tensor(consumer.inputs[1], tensor):
+                if len(consumer.inputs) > 1 and same_tensor(consumer.inputs[1], tensor):
                     variable = consumer.inputs[0]
                     read = None
                     for sub in subs:
@@ -156,7 +157,7 @@ def _find_updates(statistic: tf.Tensor) -> List[Tuple[MovingAverageUpdate, Optio
 
 def _depends_on(tensor: tf.Tensor, source: tf.Tensor, memo: Dict[tf.Operation, bool],
                 depth: int = 0) -> bool:
-    if _same_tensor(tensor, source):
+    if same_tensor(tensor, source):
         return True
     op = tensor.op
     if op in memo:
@@ -183,7 +184,7 @@ def _attach_moving_statistics(bn: BatchNorm, batch_mean: tf.Tensor,
         read = None
         for update, update_read in pairs:
             bn.updates.append(update)
-            if not any(_same_tensor(v, update.variable) for v in variables):
+            if not any(same_tensor(v, update.variable) for v in variables):
                 variables.append(update.variable)
             if read is None and update_read is not None:
                 read = update_read

@@ -57,7 +57,9 @@ freeze the layer trains exactly like the unfolded one:
   `where(frozen, s, stop_gradient(s))` ("<ctx>/scale_fold/select"): after the
   freeze gamma and beta learn through w*s and b_fold, as in contrib. The
   SelectV2 has a cheaper registered gradient ("QatFoldSelect": the incoming
-  gradient times frozen / 1 - frozen).
+  gradient times frozen / 1 - frozen). A graph re-imported in a process
+  that builds its gradients needs `qat.fold_batch_norms` imported (it
+  registers that gradient).
 
   Step time: the SelectV2 and the BiasAdd_Fold it needs run on every
   activation even before the freeze; that is most of the fold's cost
@@ -376,8 +378,9 @@ def _freeze_update(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
         if update.is_delta:
             new = tf.multiply(value, freeze.keep(value.dtype.base_dtype), name="freeze_fold")
         else:
-            current = (bn.moving_mean if update.variable is bn.mean_variable
-                       else bn.moving_variance)
+            is_mean = (bn.mean_variable is not None
+                       and bn_lib.same_tensor(update.variable, bn.mean_variable))
+            current = bn.moving_mean if is_mean else bn.moving_variance
             if current is None:
                 current = _read(update.variable, value.dtype.base_dtype)
             new = tf.where(freeze.frozen, current, value, name="freeze_fold")

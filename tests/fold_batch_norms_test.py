@@ -71,6 +71,21 @@ def _manual_batch_norm(y, training, fused):
     return tf.nn.batch_normalization(y, mean, var, beta, gamma, 1e-3)
 
 
+def _avg_factor_batch_norm(y, training):
+    """FusedBatchNormV3 computing the new moving statistics itself
+    (exponential_avg_factor), assigned with AssignVariableOp."""
+    channels = y.shape[-1]
+    gamma, beta, mean, var = [_variable(n, [channels]) for n in
+                              ("gamma", "beta", "moving_mean", "moving_variance")]
+    out, new_mean, new_var = tf.compat.v1.nn.fused_batch_norm(
+        y, gamma, beta, mean=mean.read_value(), variance=var.read_value(), epsilon=1e-3,
+        is_training=training, exponential_avg_factor=0.1 if training else 1.0)
+    if training:
+        for v, value in ((mean, new_mean), (var, new_var)):
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, v.assign(value))
+    return out
+
+
 def _batch_norm(kind, y, training):
     reshaped = y.shape.rank == 2 and kind == "fused"
     if reshaped:
@@ -84,6 +99,8 @@ def _batch_norm(kind, y, training):
         out = tf_keras.layers.BatchNormalization(fused=False, momentum=0.9)(y, training=training)
     elif kind in ("v1_fused", "v1_unfused"):
         out = _manual_batch_norm(y, training, fused=(kind == "v1_fused"))
+    elif kind == "fused_avg_factor":
+        out = _avg_factor_batch_norm(y, training)
     else:
         raise ValueError(kind)
     if reshaped:
@@ -141,6 +158,7 @@ _CASES = [
     ("conv", "fused"), ("conv", "unfused"), ("conv", "unfused_noscale"),
     ("conv", "unfused_nocenter"), ("conv", "unfused_neither"),
     ("conv", "keras_unfused"), ("conv", "v1_fused"), ("conv", "v1_unfused"),
+    ("conv", "fused_avg_factor"),
     ("conv_ref", "fused"), ("conv_bias", "fused"), ("conv_bias", "unfused"),
     ("conv_add_bias", "fused"), ("depthwise", "fused"), ("depthwise", "unfused"),
     ("atrous", "fused"), ("atrous", "unfused"), ("matmul", "fused"),
