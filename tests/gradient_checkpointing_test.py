@@ -60,9 +60,10 @@ def _evaluate(graph, fetches, feed):
 
 class GradientCheckpointingTest(parameterized.TestCase):
 
-    def _assert_same_gradients(self, graph, loss, feed, checkpoints):
+    def _assert_same_gradients(self, graph, loss, feed, checkpoints, xs=None):
         with graph.as_default():
-            xs = tf1.trainable_variables()
+            xs = tf1.trainable_variables() if xs is None else xs
+            self.assertNotEmpty(xs)
             reference = tf.gradients(loss, xs)
             n_ops = len(graph.get_operations())
             region_before = set(graph.get_operations())
@@ -107,6 +108,25 @@ class GradientCheckpointingTest(parameterized.TestCase):
     def test_conv_net_speed_strategy(self):
         graph, loss, feed = _conv_net()
         self._assert_same_gradients(graph, loss, feed, "speed")
+
+    def test_keras_residual_net_with_batch_norm(self):
+        import tf_keras as keras  # pylint: disable=g-import-not-at-top
+        graph = tf.Graph()
+        with graph.as_default():
+            inputs = keras.Input([12, 12, 3], batch_size=2)
+            h = keras.layers.Conv2D(8, 3, padding="same")(inputs)
+            for _ in range(3):
+                r = keras.layers.Conv2D(8, 3, padding="same")(h)
+                r = keras.layers.BatchNormalization()(r, training=True)
+                h = keras.layers.Add()([h, keras.layers.ReLU()(r)])
+            outputs = keras.layers.Dense(3)(keras.layers.Flatten()(h))
+            model = keras.Model(inputs, outputs)
+            x = tf1.placeholder(tf.float32, [2, 12, 12, 3])
+            loss = tf.reduce_mean(tf.square(model(x, training=True)))
+            # The residual adds are the articulation points.
+            self.assertGreaterEqual(len(gc.find_bottleneck_tensors([loss], model.trainable_weights)), 3)
+        feed = {x: np.random.RandomState(5).rand(2, 12, 12, 3).astype(np.float32)}
+        self._assert_same_gradients(graph, loss, feed, "memory", xs=model.trainable_weights)
 
     def test_explicit_and_collection_checkpoints(self):
         graph, loss, feed = _mlp(depth=6)
