@@ -91,6 +91,8 @@ class QuantizerSpec:
       vars_collection: extra collection for the variables.
       channel_reshape: reshape `inputs` to this static shape before a
         per-channel FakeQuant, and back after (depthwise filters).
+      nonnegative: `inputs` is never negative (a Relu / Relu6 output): the
+        batch min is 0 without computing it (one reduction less per step).
     """
     inputs: tf.Tensor
     prefix: str
@@ -106,6 +108,7 @@ class QuantizerSpec:
     quant_delay: Optional[int] = None
     vars_collection: Optional[str] = _DEFAULT_COLLECTION
     channel_reshape: Optional[Sequence[int]] = None
+    nonnegative: bool = False
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""
@@ -311,20 +314,29 @@ class QuantizerBatch(object):
 
     def _updates(self, spec, x, rank, min_var, max_var):
         p = spec.prefix
+        zero = self._shared_const("zero", 0.0, tf.float32)
+        nonnegative = spec.nonnegative and not spec.per_channel
         if spec.per_channel and rank == 1:
             batch_min = batch_max = x  # Every element is its own channel.
         else:
             axes = list(range(rank - 1)) if spec.per_channel else list(range(rank))
             axes_const = self._shared_const("reduction_indices", axes,
                                             tf.int32)
-            batch_min = self._node(p + "/BatchMin", "Min", [x, axes_const],
-                                   T=_FLOAT, Tidx=_INT32)
+            if not nonnegative:
+                batch_min = self._node(p + "/BatchMin", "Min", [x, axes_const],
+                                       T=_FLOAT, Tidx=_INT32)
             batch_max = self._node(p + "/BatchMax", "Max", [x, axes_const],
                                    T=_FLOAT, Tidx=_INT32)
-        # TFLite requires 0 inside every range.
-        zero = self._shared_const("zero", 0.0, tf.float32)
-        lo = self._node(p + "/Minimum", "Minimum", [batch_min, zero], T=_FLOAT)
-        hi = self._node(p + "/Maximum", "Maximum", [batch_max, zero], T=_FLOAT)
+        if nonnegative:
+            # min(batch) >= 0, so min(batch_min, 0) = 0 and max(batch_max, 0)
+            # = batch_max: no reduction for the min.
+            lo, hi = zero, batch_max
+        else:
+            # TFLite requires 0 inside every range.
+            lo = self._node(p + "/Minimum", "Minimum", [batch_min, zero],
+                            T=_FLOAT)
+            hi = self._node(p + "/Maximum", "Maximum", [batch_max, zero],
+                            T=_FLOAT)
         if spec.symmetric:
             lo, hi = self._symmetric(p, lo, hi, spec.num_bits, spec.narrow_range)
         if spec.moving_average:

@@ -68,7 +68,8 @@ def _spec(plan: Plan, is_training: bool, weight_bits: int,
         narrow_range=plan.is_weight, symmetric=symmetric,
         per_channel=plan.per_channel, ema_decay=ema_decay,
         init_min=plan.init_min, init_max=6.0, quant_delay=quant_delay,
-        vars_collection=vars_collection, channel_reshape=reshape)
+        vars_collection=vars_collection, channel_reshape=reshape,
+        nonnegative=t.op.type in ("Relu", "Relu6"))
 
 
 def insert_quant_ops(graph: Optional[tf.Graph] = None,

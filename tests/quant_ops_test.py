@@ -160,6 +160,28 @@ class MovingAverageTest(absltest.TestCase):
                     np.testing.assert_allclose(
                         out, _fake_quant_np(data, lo, hi), atol=1e-5)
 
+    def test_nonnegative_input_skips_the_min_reduction(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2, 3])
+            relu = tf.nn.relu(x)
+            batch = quant_ops.QuantizerBatch(g)
+            batch.add(quant_ops.QuantizerSpec(
+                relu, "r/act_quant", moving_average=True, ema_decay=0.5,
+                init_min=0.0, init_max=6.0, nonnegative=True))
+            y = batch.build()[0]
+            self.assertEqual(
+                [op.type for op in g.get_operations() if op.type == "Min"], [])
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                data = np.array([[-1.0, 2.0, 0.5], [3.0, -4.0, 1.0]], np.float32)
+                out = sess.run(y, {x: data})
+                self.assertEqual(_var_value(sess, g, "r/act_quant/min"), 0.0)
+                self.assertAlmostEqual(
+                    _var_value(sess, g, "r/act_quant/max"), 4.5, places=5)
+            np.testing.assert_allclose(
+                out, _fake_quant_np(np.maximum(data, 0), 0.0, 4.5), atol=1e-5)
+
     def test_eval_has_no_updates(self):
         g = tf.Graph()
         with g.as_default():
