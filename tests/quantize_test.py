@@ -134,6 +134,17 @@ class InsertQuantOpsTest(absltest.TestCase):
         self.assertIs(add.inputs[1], fqs["block/conv/conv_quant"].outputs[0])
         self.assertIs(add.inputs[0], fqs["x/input_quant"].outputs[0])
 
+    def test_unconsumed_model_output_gets_a_range(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [1, 8, 8, 3], name="x")
+            y = _conv(x, "logits", act=None)  # Fetched by the user only.
+            qat.insert_quant_ops(g, is_training=False)
+        fq = _fake_quants(g)["logits/act_quant"]
+        self.assertIs(fq.inputs[0], y)
+        self.assertEmpty(fq.outputs[0].consumers())
+        self.assertEqual(quantize.existing_quantizer(y)[0], fq.outputs[0])
+
     def test_loss_arithmetic_not_quantized(self):
         g = tf.Graph()
         with g.as_default():
