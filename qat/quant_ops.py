@@ -150,6 +150,7 @@ class QuantizerBatch(object):
     # --- NodeDef helpers ----------------------------------------------------
 
     def _external(self, t: tf.Tensor) -> str:
+        """A name the GraphDef uses for an existing tensor (input_map key)."""
         key = id(t)
         if key not in self._ext_ids:
             name = "qat_external_%d:0" % len(self._ext_ids)
@@ -167,15 +168,15 @@ class QuantizerBatch(object):
             attr = node.attr[key]
             if isinstance(value, bool):
                 attr.b = value
-            elif isinstance(value, int) and key in ("num_bits",):
+            elif key == "num_bits":
                 attr.i = value
             elif isinstance(value, bytes):
                 attr.s = value
             elif isinstance(value, tf.TensorShape):
                 attr.shape.CopyFrom(value.as_proto())
-            elif key in ("value",):
+            elif key == "value":
                 attr.tensor.CopyFrom(value)
-            else:
+            else:  # dtype, T, Tidx, Tshape: DataType enums.
                 attr.type = value
         return name
 
