@@ -1,13 +1,17 @@
 """The insert_quant_ops pass: FakeQuant ops on weights and activations.
 
-The pass first plans every quantizer on the unchanged graph (so a bad input
-leaves the graph untouched), then builds them and reroutes consumers.
+The pass first plans every quantizer on the unchanged graph
+(`qat.quantize_plan`, so a bad input leaves the graph untouched), then builds
+them all with one GraphDef import (`quant_ops.QuantizerBatch`) and reroutes
+the consumers with `qat.graph_editor.reroute_ts`.
 
 What gets a range (names as in `tf.contrib.quantize`; ctx is the scope of the
 layer op, `net/conv1` for `net/conv1/Conv2D`):
 
-* the weights of every Conv2D, MatMul and DepthwiseConv2dNative, once even if
-  several layers share them: `<ctx>/weights_quant` (last value, narrow range);
+* the weights of every Conv2D, MatMul, DepthwiseConv2dNative and transposed
+  conv (Conv2DBackpropInput), once even if several layers share them (one
+  variable read by several ops counts as one): `<ctx>/weights_quant` (last
+  value, narrow range);
 * the layer output after its activation (Relu, Relu6, Identity, LeakyRelu):
   `<ctx>/act_quant`; without activation, the layer output itself (final
   layers, the depthwise half of a separable conv): `<ctx>/act_quant`;
@@ -16,10 +20,15 @@ layer op, `net/conv1` for `net/conv1/Conv2D`):
   `<add ctx>/post_activation_bypass_quant` when the add follows the
   activation;
 * what contrib missed and TFLite needs for a fully integer model: concat
-  outputs (`concat_quant`), Mean outputs (global average pooling,
-  `mean_quant`), residual adds of plain activations (`add_quant`) and the
-  graph input that feeds a layer (`input_quant`), each under the scope of the
-  op producing the tensor.
+  outputs (`concat_quant`), global average pooling Mean outputs
+  (`mean_quant`), residual adds of plain activations (`add_quant`) - each only
+  when its inputs have ranges, so loss arithmetic is left alone - and the
+  graph input that feeds a layer (`input_quant`; `output_quant` for another
+  unquantized producer, e.g. outside `scope`), each under the scope of the op
+  producing the tensor.
+
+A layer output nothing consumes yet (a fetched final layer) still gets its
+`act_quant`, reading it and feeding nothing: export that FakeQuant's output.
 
 Layers are found with `qat.layer_patterns`; the pass then walks forward from
 each layer op through its "tail" (bias add, batch norm, the fold pass's
