@@ -77,6 +77,27 @@ class KerasModelsTest(parameterized.TestCase):
         qat.create_training_graph(g)
         self.assertEqual(g.as_graph_def(), before)
 
+    def test_gradients_built_before_the_rewrite_stay_float(self):
+        g, x, y = _build(keras.applications.MobileNetV2, 96, training=True)
+        with g.as_default():
+            labels = tf.one_hot([1], 10)
+            loss = tf.reduce_mean(keras.losses.categorical_crossentropy(labels, y))
+            weights = [v for v in tf.compat.v1.trainable_variables()]
+            tf.compat.v1.gradients(loss, weights)
+            gradient_ops = {op for op in g.get_operations()
+                            if op._original_op is not None}  # pylint: disable=protected-access
+            self.assertGreater(len(gradient_ops), 100)
+            inputs = {op: list(op.inputs) for op in gradient_ops}
+            qat.create_training_graph(g)
+        fqs = [op for op in g.get_operations()
+               if op.type == "FakeQuantWithMinMaxVars"]
+        self.assertLen(fqs, 118)  # As without gradients.
+        for fq in fqs:
+            self.assertNotIn(fq.inputs[0].op, gradient_ops, fq.name)
+        for op, before in inputs.items():
+            self.assertEqual(list(op.inputs), before, op.name)
+        del x
+
     @parameterized.named_parameters(*_MODELS)
     def test_eval_graph_converts_fully_integer(self, app, size):
         g, x, y = _build(app, size, training=False, batch=1)
