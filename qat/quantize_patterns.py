@@ -34,6 +34,9 @@ TAIL_TYPES = frozenset([
     "Select", "SelectV2", "Mean", "SquaredDifference", "StopGradient",
     "Squeeze", "Rsqrt", "Sqrt", "Reciprocal", "Reshape", "BatchToSpaceND",
     "Maximum", "Minimum", "Square", "ExpandDims",
+    # fold_batch_norms(use_cond=True) chooses with a functional cond, and
+    # unfoldable batch norms of Keras graphs sit inside If ops.
+    "If", "StatelessIf",
 ])
 
 # Tail ops that change the shape: a tail never ends with them.

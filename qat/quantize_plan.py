@@ -271,10 +271,11 @@ class Planner(object):
         return t if out is None else out
 
     def _activation_of(self, t: tf.Tensor) -> Optional[tf.Operation]:
-        for c in self._consumers(t, exclude=self.tail_ops):
-            if c.type in qp.ACTIVATION_TYPES and c.inputs[0] is t:
-                return c
-        return None
+        """The activation reading `t`; a real one before an Identity."""
+        found = [c for c in self._consumers(t, exclude=self.tail_ops)
+                 if c.type in qp.ACTIVATION_TYPES and c.inputs[0] is t]
+        found.sort(key=lambda c: c.type == "Identity")
+        return found[0] if found else None
 
     def _residual_adds(self, t: tf.Tensor) -> List[tf.Operation]:
         found = []
@@ -315,10 +316,12 @@ class Planner(object):
         if out is None:
             return
         ctx = _context(layer)
-        if out.op.type in qp.ACTIVATION_TYPES:
-            activation = out.op  # An Identity ending the tail.
-        else:
-            activation = self._activation_of(out)
+        activation = self._activation_of(out)
+        if (out.op.type in qp.ACTIVATION_TYPES and
+                (activation is None or activation.type == "Identity")):
+            # An Identity ending the tail is the activation, unless a real
+            # one follows (tf.cond's output Identity before a Relu).
+            activation = out.op
         if activation is not None:
             act_out = activation.outputs[0]
             self._plan(act_out, ctx, "act_quant", 0.0,

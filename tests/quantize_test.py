@@ -145,6 +145,26 @@ class InsertQuantOpsTest(absltest.TestCase):
         self.assertEmpty(fq.outputs[0].consumers())
         self.assertEqual(quantize.existing_quantizer(y)[0], fq.outputs[0])
 
+    def test_fold_with_functional_cond_tail(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2, 8, 8, 3], name="x")
+            h = tf.compat.v1.layers.conv2d(x, 4, 3, padding="same",
+                                           use_bias=False, name="c")
+            h = tf.compat.v1.layers.batch_normalization(h, training=True,
+                                                        name="bn")
+            out = tf.nn.relu(h, name="c/Relu")
+            tf.identity(out, name="out")
+            qat.fold_batch_norms(g, is_training=True,
+                                 freeze_batch_norm_delay=10, use_cond=True)
+            self.assertTrue(any(op.type in ("If", "StatelessIf")
+                                for op in g.get_operations()))
+            qat.insert_quant_ops(g, is_training=True)
+        fqs = _fake_quants(g)
+        self.assertEqual(set(fqs), {"c/weights_quant", "c/act_quant",
+                                    "x/input_quant"})
+        self.assertIs(fqs["c/act_quant"].inputs[0], out)
+
     def test_loss_arithmetic_not_quantized(self):
         g = tf.Graph()
         with g.as_default():
