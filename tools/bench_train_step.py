@@ -26,6 +26,10 @@ flags.DEFINE_integer("batch_size", 16, "Batch size.")
 flags.DEFINE_integer("image_size", 96, "Input height and width.")
 flags.DEFINE_integer("quant_delay", 0,
                      "quant_delay of the QAT graph (0: quantized from step 1).")
+flags.DEFINE_bool("use_cond", False,
+                  "Rewrite with fold_batch_norms(use_cond=True) + "
+                  "insert_quant_ops instead of create_training_graph (the "
+                  "fold's functional-cond training tail).")
 flags.DEFINE_bool("fold_only", True,
                   "Also time a third graph with batch norms folded (training "
                   "structure) but no FakeQuant ops, to split the overhead.")
@@ -51,11 +55,15 @@ def _session(variant: str):
             labels=labels, logits=logits))
         if variant == "qat":
             start = time.perf_counter()
-            qat.create_training_graph(g, quant_delay=FLAGS.quant_delay)
-            logging.info("create_training_graph: %.2f s",
-                         time.perf_counter() - start)
+            if FLAGS.use_cond:
+                qat.fold_batch_norms(g, is_training=True, use_cond=True)
+                qat.insert_quant_ops(g, is_training=True,
+                                     quant_delay=FLAGS.quant_delay or None)
+            else:
+                qat.create_training_graph(g, quant_delay=FLAGS.quant_delay)
+            logging.info("rewrite: %.2f s", time.perf_counter() - start)
         elif variant == "folded":
-            qat.fold_batch_norms(g, is_training=True)
+            qat.fold_batch_norms(g, is_training=True, use_cond=FLAGS.use_cond)
         with tf.control_dependencies(model.updates):
             train = tf.compat.v1.train.MomentumOptimizer(
                 1e-3, 0.9).minimize(loss)
