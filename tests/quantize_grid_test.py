@@ -1,11 +1,11 @@
-"""The quantize grid for conv layers (576 cases; graph structure only).
+"""The quantize grid (2304 cases; graph structure only).
 
-activation x residual x quant_delay x variables x scope x batch norm x
-training/eval; the
-other layer types are in the quantize_grid_*_test.py shards. Each case builds
-a tiny graph, runs experimental_create_training_graph and checks which
+activation x residual x quant_delay x variables x scope x layer x batch norm x
+training/eval. Each case builds a tiny graph, runs
+experimental_create_training_graph (or the eval variant) and checks which
 FakeQuant ops exist, what they read and feed, the delay wiring, and that a
-second rewrite changes nothing (see quantize_grid_util.py).
+second rewrite changes nothing (see quantize_grid_util.py). Bazel runs it in
+shards (tests/BUILD); pytest runs every case.
 """
 import tensorflow as tf
 from absl.testing import absltest
@@ -16,9 +16,9 @@ import quantize_grid_util as grid_util
 tf.compat.v1.disable_eager_execution()
 
 
-class QuantizeGridConvTest(grid_util.GridChecks, parameterized.TestCase):
+class QuantizeGridTest(grid_util.GridChecks, parameterized.TestCase):
 
-    @parameterized.named_parameters(grid_util.grid(layers=("conv",)))
+    @parameterized.named_parameters(grid_util.grid())
     def test_case(self, *case):
         self.check_case(*case)
 
