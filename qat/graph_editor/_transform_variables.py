@@ -10,20 +10,7 @@ import tensorflow as tf
 from tensorflow.python.ops import ref_variable
 from tensorflow.python.ops import resource_variable_ops
 
-
-def _input_slot_is_ref(op: tf.Operation, index: int) -> bool:
-    pos = 0
-    for arg in op.op_def.input_arg:
-        if arg.number_attr:
-            n = op.get_attr(arg.number_attr)
-        elif arg.type_list_attr:
-            n = len(op.get_attr(arg.type_list_attr))
-        else:
-            n = 1
-        if pos <= index < pos + n:
-            return arg.is_ref
-        pos += n
-    return False
+from qat.graph_editor import util
 
 
 def check_no_ref_input_slots(sgv) -> None:
@@ -36,7 +23,7 @@ def check_no_ref_input_slots(sgv) -> None:
             if op not in ops:
                 continue
             for index, input_ in enumerate(op.inputs):
-                if input_ is t and _input_slot_is_ref(op, index):
+                if input_ is t and util.input_slot_is_ref(op, index):
                     raise ValueError(
                         "View input {} is a reference (a TF 1 variable) that op {!r} ({}) "
                         "assigns to; a placeholder cannot replace it. Add the variable "

@@ -70,27 +70,11 @@ def _check_ref_inputs(plan) -> None:
         if t_new.dtype._is_ref_dtype:  # pylint: disable=protected-access
             continue
         old = consumer.inputs[i]
-        if old.dtype._is_ref_dtype and _input_is_ref(consumer, i):  # pylint: disable=protected-access
+        if old.dtype._is_ref_dtype and util.input_slot_is_ref(consumer, i):  # pylint: disable=protected-access
             raise ValueError(
                 "Input {} of {} ({}) takes a reference; {} is not a reference "
                 "tensor and cannot replace {}.".format(
                     i, consumer.name, consumer.type, t_new.name, old.name))
-
-
-def _input_is_ref(op, index) -> bool:
-    # Walk the op def's input args to find the one holding slot `index`.
-    pos = 0
-    for arg in op.op_def.input_arg:
-        if arg.number_attr:
-            n = op.get_attr(arg.number_attr)
-        elif arg.type_list_attr:
-            n = len(op.get_attr(arg.type_list_attr))
-        else:
-            n = 1
-        if pos <= index < pos + n:
-            return arg.is_ref
-        pos += n
-    return False
 
 
 def _reroute_ts(ts0, ts1, mode: _RerouteMode, can_modify=None, cannot_modify=None) -> int:

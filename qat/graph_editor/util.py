@@ -472,3 +472,20 @@ def find_corresponding(targets, dst_graph: tf.Graph, dst_scope: str = "",
 def get_temp_name(graph: tf.Graph, base: str) -> str:
     """Returns an op name not used in `graph`, from `base` (not reserved)."""
     return graph.unique_name(base, mark_as_used=False)
+
+
+def input_slot_is_ref(op: tf.Operation, index: int) -> bool:
+    """Returns True if input slot `index` of `op` takes a reference (TF 1 variable) tensor."""
+    # Walk the op def's input args to find the one holding slot `index`.
+    pos = 0
+    for arg in op.op_def.input_arg:
+        if arg.number_attr:
+            n = op.get_attr(arg.number_attr)
+        elif arg.type_list_attr:
+            n = len(op.get_attr(arg.type_list_attr))
+        else:
+            n = 1
+        if pos <= index < pos + n:
+            return arg.is_ref
+        pos += n
+    return False
