@@ -31,12 +31,30 @@ one), because the quantize issue targets a QAT/float training step time <=
 1.25 on MobileNetV2, and a second convolution per layer alone would cost
 about that much. y = layer(x, w*s) is scaled back by 1/s to feed the
 ORIGINAL batch norm, which is exact in value and gradient, so before the
-freeze the layer trains exactly like the unfolded one:
+freeze the layer trains exactly like the unfolded one.
 
-    layer(x, w*s) [-> BatchToSpaceND] = y
+Without a freeze delay (freeze_batch_norm_delay=None, what
+`create_training_graph` uses) the batch norm never switches to its moving
+statistics, so nothing else is built and its consumers keep reading it:
+
+    layer(x, w*stop_gradient(s)) [-> BatchToSpaceND] = y
       y -> Mul(y, 1/s) "<ctx>/div_fold" [-> Identity] [-> original bias op]
           [-> Reshape] -> ORIGINAL batch norm (batch statistics; its moving
-          average updates keep reading its batch statistics) = bn_out
+          average updates keep reading its batch statistics)
+          -> its consumers, unchanged
+
+  The quantize pass walks this tail (layer -> div_fold -> [bias] -> batch
+  norm) to the activation or residual add as in an unfolded graph.
+  `FoldedLayer.output` is the batch norm's output; `bias_add` and `frozen`
+  are None. Step time: ~1.01x the float training step (MobileNetV2, CPU);
+  the earlier form, which built the select below with a constant False
+  condition, cost ~1.17x.
+
+With a freeze delay the tail chooses between the batch norm and the folded
+output:
+
+    layer(x, w*s) [-> BatchToSpaceND] = y
+      y -> Mul(y, 1/s) "<ctx>/div_fold" -> ... -> ORIGINAL batch norm = bn_out
       y -> BiasAdd(b_fold) "<ctx>/BiasAdd_Fold" [-> Reshape "<ctx>/Reshape_Fold"]
           = folded (moving statistics)
       SelectV2(frozen, folded, bn_out) "<ctx>/select_fold"
@@ -44,31 +62,34 @@ freeze the layer trains exactly like the unfolded one:
 
   1/s is `divide_no_nan(1, s)`: 0 where s == 0 (gamma == 0), so no NaN.
   `frozen` is `fake_quantization_step > freeze_batch_norm_delay` (the shared
-  counter of `qat.step_counter`; a constant False when the delay is None), so
-  the first `freeze_batch_norm_delay` runs use batch statistics. From the
-  freeze on the moving-average updates are switched off: the delta of each
-  AssignSub / AssignSubVariableOp update is multiplied by `1 - frozen`
-  (`<update scope>/freeze_fold`); an Assign / AssignVariableOp of a new value
-  assigns the current value instead.
+  counter of `qat.step_counter`), so the first `freeze_batch_norm_delay`
+  runs use batch statistics. From the freeze on the moving-average updates
+  are switched off: the delta of each AssignSub / AssignSubVariableOp update
+  is multiplied by `1 - frozen` (`<update scope>/freeze_fold`); an Assign /
+  AssignVariableOp of a new value assigns the current value instead.
 
   Gradients. Before the freeze, the paths of s through w*s and through 1/s
   cancel exactly, and gamma gets its gradient from the original batch norm;
   so 1/s is under stop_gradient and the weights use
-  `where(frozen, s, stop_gradient(s))` ("<ctx>/scale_fold/select"): after the
-  freeze gamma and beta learn through w*s and b_fold, as in contrib. The
-  SelectV2 has a cheaper registered gradient ("QatFoldSelect": the incoming
-  gradient times frozen / 1 - frozen). A graph re-imported in a process
-  that builds its gradients needs `qat.fold_batch_norms` imported (it
-  registers that gradient).
+  `where(frozen, s, stop_gradient(s))` ("<ctx>/scale_fold/select"; just
+  stop_gradient(s) without a delay): after the freeze gamma and beta learn
+  through w*s and b_fold, as in contrib. The SelectV2 has a cheaper
+  registered gradient ("QatFoldSelect": the incoming gradient times frozen /
+  1 - frozen). A graph re-imported in a process that builds its gradients
+  needs `qat.fold_batch_norms` imported (it registers that gradient).
 
   Step time: the SelectV2 and the BiasAdd_Fold it needs run on every
-  activation even before the freeze; that is most of the fold's cost
-  (MobileNetV2 float training step, CPU: ~1.35-1.45x unfolded; without them
-  ~1.01x). `use_cond=True` replaces the SelectV2 by a functional cond
-  "<ctx>/select_fold" (a StatelessIf with inputs frozen, y, b_fold, bn_out;
-  true branch BiasAdd_Fold [-> Reshape_Fold], false branch Identity), so only
-  one branch runs (~1.1x); the tail is then layer [-> BatchToSpaceND] -> If
-  -> Identity (tf.cond's output) -> consumers.
+  activation even before the freeze (~1.35-1.45x the float MobileNetV2
+  training step on CPU). `use_cond=True` replaces the SelectV2 by a
+  functional cond "<ctx>/select_fold" (a StatelessIf with inputs frozen, y,
+  b_fold, bn_out; true branch BiasAdd_Fold [-> Reshape_Fold], false branch
+  Identity), so only one branch runs (~1.1x); the tail is then layer [->
+  BatchToSpaceND] -> If -> Identity (tf.cond's output) -> consumers.
+
+Speed of the rewrite: the new ops of every fold are written as NodeDefs and
+added with one `import_graph_def` (`qat.node_batch`), named as the Python
+constructors would name them; only the functional cond (use_cond) and the
+freeze of the moving-average updates use Python op constructors.
 
 Batch norms that cannot be folded (no layer before them, a layer output with
 other consumers, unusual sharing, functional or v1 control flow, no moving
@@ -84,11 +105,11 @@ from absl import logging
 import tensorflow as tf
 
 from qat import batch_norm as bn_lib
+from qat import fold_plan
 from qat import layer_patterns
+from qat import node_batch
 from qat import step_counter
-from qat.graph_editor import reroute
 from qat.graph_editor import util as ge_util
-from qat.matcher import GraphMatcher
 
 # Names of the batch-norm ops already folded (strings).
 FOLDED_BATCH_NORMS_COLLECTION = "qat_folded_batch_norms"
@@ -103,13 +124,15 @@ class FoldedLayer:
         reading the folded weights).
       batch_norm: the name of the folded batch-norm op.
       weights: the folded weights `w * s` (`layer_op.inputs[1]`).
-      bias_add: the BiasAdd adding `b_fold` to the layer output (None with
-        use_cond in training: it is inside the If op's true branch).
-      output: the tensor the batch norm's consumers now read.
+      bias_add: the BiasAdd adding `b_fold` to the layer output (None for
+        the training structure without a freeze delay, where there is none,
+        and with use_cond, where it is inside the If op's true branch).
+      output: the tensor the batch norm's consumers now read (the batch
+        norm's own output for the training structure without a delay).
       training: True for the training structure (batch statistics until the
         freeze), False for the eval structure.
-      frozen: for the training structure, the bool tensor that is True once
-        the batch norm is frozen; None otherwise.
+      frozen: for the training structure with a freeze delay, the bool
+        tensor that is True once the batch norm is frozen; None otherwise.
     """
     layer_op: tf.Operation
     batch_norm: str
@@ -134,10 +157,6 @@ class FoldResult:
     skipped: List[SkippedBatchNorm]
 
 
-class _CannotFold(Exception):
-    pass
-
-
 _SELECT_GRADIENT = "QatFoldSelect"
 
 
@@ -157,126 +176,21 @@ except KeyError:  # Module re-imported (e.g. importlib.reload): already there.
     pass
 
 
-@dataclasses.dataclass
-class _Plan:
-    bn: bn_lib.BatchNorm
-    layer_op: tf.Operation
-    layer_output: tf.Tensor          # layer op or BatchToSpaceND output
-    old_consumers: List[tf.Operation]  # consumers of layer_output (old path)
-    bias: Optional[tf.Tensor]
-    reshape: Optional[tf.Operation]
-    channels_first: bool
-    training: bool                   # training structure
-
-
-def _data_format(op: tf.Operation) -> str:
-    try:
-        value = op.get_attr("data_format")
-    except ValueError:
-        return "NHWC"
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _names(ops) -> str:
-    return ", ".join(sorted(op.name for op in ops))
-
-
-def _plan(bn: bn_lib.BatchNorm, is_training: bool) -> _Plan:
-    """Validates one batch norm; raises _CannotFold with the reason."""
-    match = GraphMatcher(layer_patterns.LAYER_CHAIN).match_op(bn.input.op)
-    if match is None or bn.input.value_index != 0:
-        raise _CannotFold(
-            "no Conv2D / MatMul / DepthwiseConv2dNative layer with variable or "
-            "constant weights before it (input %s)" % bn.input.name)
-    layer_op = match.get_op("layer")
-    for op in (layer_op, bn.op):
-        if op._control_flow_context is not None:  # pylint: disable=protected-access
-            raise _CannotFold("%s is inside a v1 tf.cond / tf.while_loop" % op.name)
-    chain = [layer_op]
-    for name in ("batch_to_space", "layer_identity", "bias_add", "reshape"):
-        op = match.get_op(name)
-        if op is not None:
-            chain.append(op)
-    for op, nxt in zip(chain[:-1], chain[1:]):
-        consumers = op.outputs[0].consumers()
-        if consumers != [nxt]:
-            raise _CannotFold("the output of %s has other consumers (%s)"
-                              % (op.name, _names(c for c in consumers if c is not nxt)))
-    outside = [c for c in bn.input.consumers() if c not in bn.ops]
-    if outside:
-        raise _CannotFold("its input %s also feeds %s" % (bn.input.name, _names(outside)))
-    layer_output = match.get_tensor("layer_output")
-    # Validated above: every consumer of layer_output is on the old path.
-    old_consumers = list(layer_output.consumers())
-
-    channels_first = (layer_op.type != "MatMul"
-                      and _data_format(layer_op).startswith("NC"))
-    channels = layer_patterns.output_channels(layer_op)
-    reshape = match.get_op("reshape")
-    if bn.fused and reshape is None and _data_format(bn.op).startswith("NC") != channels_first:
-        raise _CannotFold("its data_format differs from the layer %s" % layer_op.name)
-    if bn.fused and reshape is not None and _data_format(bn.op) != "NHWC":
-        raise _CannotFold("a reshaped layer output needs an NHWC batch norm")
-    if layer_op.type == "MatMul" and layer_op.outputs[0].shape.rank not in (None, 2):
-        raise _CannotFold("unexpected MatMul output rank")
-
-    bias = match.get_tensor("bias")
-    bias_add = match.get_op("bias_add")
-    if bias is not None:
-        if bias.shape.rank != 1 or (channels is not None and bias.shape[0] not in (None, channels)):
-            raise _CannotFold("%s does not add a per-channel vector" % bias_add.name)
-        if bias_add.type == "BiasAdd":
-            if _data_format(bias_add).startswith("NC") != channels_first:
-                raise _CannotFold("%s has a different data_format than the layer"
-                                  % bias_add.name)
-        elif channels_first:
-            raise _CannotFold("%s adds a vector to a channels-first output" % bias_add.name)
-    for what in ("gamma", "beta", "moving_mean", "moving_variance"):
-        t = getattr(bn, what)
-        if t is None or channels is None:
-            continue
-        n = t.shape.num_elements()
-        if n not in (None, 0, channels):
-            raise _CannotFold("its %s has %d elements, the layer %s has %d output "
-                              "channels" % (what, n, layer_op.name, channels))
-    if not bn.has_moving_statistics():
-        raise _CannotFold(
-            "it normalises with batch statistics but no moving-average update "
-            "of a moving mean and variance was found (ambiguous or missing)")
-    return _Plan(bn=bn, layer_op=layer_op, layer_output=layer_output,
-                 old_consumers=old_consumers, bias=bias, reshape=reshape,
-                 channels_first=channels_first,
-                 training=is_training and bn.uses_batch_statistics)
-
-
 def _read(variable: tf.Tensor, dtype) -> tf.Tensor:
     if variable.dtype == tf.resource:
         return tf.raw_ops.ReadVariableOp(resource=variable, dtype=dtype)
     return tf.identity(variable)
 
 
-def _flat(t: tf.Tensor) -> tf.Tensor:
-    return t if t.shape.rank == 1 else tf.reshape(t, [-1])
-
-
-def _per_channel(v: tf.Tensor, channels_first: bool) -> tf.Tensor:
-    """`v` [C] shaped to broadcast over a layer output."""
-    return tf.reshape(v, [-1, 1, 1]) if channels_first else v
-
-
 class _Freeze(object):
     """The shared `frozen` condition and the 1 - frozen factor per dtype."""
 
-    def __init__(self, graph: tf.Graph, delay: Optional[int]):
+    def __init__(self, graph: tf.Graph, delay: int):
         with graph.name_scope("fold_batch_norms/"):
-            if delay is None:
-                self.frozen = tf.constant(False, name="frozen")
-            else:
-                step = step_counter.get_or_create_quantization_step(graph)
-                self.frozen = tf.greater(step, tf.cast(delay, tf.int64), name="frozen")
+            step = step_counter.get_or_create_quantization_step(graph)
+            self.frozen = tf.greater(step, tf.cast(delay, tf.int64), name="frozen")
         self._graph = graph
         self._keep = {}
-        self.delay = delay
 
     def keep(self, dtype) -> tf.Tensor:
         if dtype not in self._keep:
@@ -286,84 +200,182 @@ class _Freeze(object):
         return self._keep[dtype]
 
 
-def _apply(plan: _Plan, graph: tf.Graph, freeze_factory, use_cond: bool) -> FoldedLayer:
+@dataclasses.dataclass
+class _Emitted:
+    """Names of one fold's new ops in the NodeBatch (see `_emit`)."""
+    weights: str
+    unscaled: str
+    bn_consumers: List[tf.Operation]
+    b_fold: Optional[str] = None
+    bias_add: Optional[str] = None
+    folded: Optional[str] = None     # BiasAdd_Fold [-> Reshape_Fold]
+    select: Optional[str] = None
+
+
+def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional[tf.Tensor],
+          use_cond: bool) -> _Emitted:
+    """Adds one fold's new ops to `batch` as NodeDefs (no graph edit yet).
+
+    `frozen` is the freeze condition (training structure with a delay), else
+    None. The names follow what the Python constructors would give.
+    """
     bn, layer_op = plan.bn, plan.layer_op
     ctx = layer_op.name.rpartition("/")[0]
-    scope = (ctx + "/") if ctx else ""
-    bn_consumers = list(bn.output.consumers())
+    prefix = (ctx + "/") if ctx else ""
     dtype = layer_op.outputs[0].dtype.base_dtype
-    weights = layer_patterns.weight_input(layer_op)
-    with graph.name_scope(scope or None), graph.device(layer_op.device):
-        moving_mean = bn.moving_mean
-        if moving_mean is None:
-            moving_mean = _read(bn.mean_variable, dtype)
-        moving_variance = bn.moving_variance
-        if moving_variance is None:
-            moving_variance = _read(bn.variance_variable, dtype)
-        with graph.name_scope("scale_fold"):
-            s = tf.math.rsqrt(_flat(moving_variance) + bn.epsilon)
-            if bn.gamma is not None:
-                s = s * _flat(bn.gamma)
-        freeze = freeze_factory() if plan.training else None
-        s_weights = s
-        if freeze is not None:
-            # Before the freeze the original batch norm gets gamma's gradient
-            # directly; the scale's paths through w*s and y/s cancel exactly,
-            # so both are cut (no gradient reduction over y/s). After the
-            # freeze gamma and the moving variance act through w*s.
-            s_weights = tf.where(freeze.frozen, s, tf.stop_gradient(s), name="scale_fold/select")
-        if layer_op.type == "DepthwiseConv2dNative":
-            w_scale = tf.reshape(s_weights, tf.shape(weights)[2:])
-        elif layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
-            w_scale = tf.reshape(s_weights, [-1, 1])
+    device = layer_op.device
+    ext = batch.external
+
+    def node(name, op, inputs, **attrs):
+        return batch.node(batch.unique_name(name), op, inputs, device=device, **attrs)
+
+    def flat(ref, rank, scope):
+        if rank == 1:
+            return ref
+        shape = batch.const(batch.unique_name(scope + "/Reshape/shape"), [-1], tf.int32)
+        return node(scope + "/Reshape", "Reshape", [ref, shape], T=dtype, Tshape=tf.int32)
+
+    def statistic(t, variable, scope):
+        if t is not None:
+            return flat(ext(t), t.shape.rank, scope)
+        if variable.dtype == tf.resource:
+            read = node(prefix + "ReadVariableOp", "ReadVariableOp", [ext(variable)],
+                        dtype=dtype)
         else:
-            w_scale = s_weights
-        folded_w = tf.multiply(weights, w_scale, name="mul_fold")
-        with graph.name_scope("bias_fold"):
-            centred = _flat(moving_mean)
-            if plan.bias is not None:
-                centred = centred - plan.bias
-            b_fold = (_flat(bn.beta) - centred * s if bn.beta is not None
-                      else tf.negative(centred * s))
-        layer_op._update_input(1, folded_w)  # pylint: disable=protected-access
+            read = node(prefix + "Identity", "Identity", [ext(variable)], T=dtype)
+        return flat(read, variable.shape.rank, scope)
+
+    scale = batch.unique_name(prefix + "scale_fold")
+    variance = statistic(bn.moving_variance, bn.variance_variable, scale)
+    if isinstance(bn.epsilon, tf.Tensor):
+        epsilon = ext(bn.epsilon)
+    else:
+        epsilon = batch.const(batch.unique_name(scale + "/add/y"), bn.epsilon, dtype,
+                              device=device)
+    s = node(scale + "/Rsqrt", "Rsqrt",
+             [node(scale + "/add", "AddV2", [variance, epsilon], T=dtype)], T=dtype)
+    if bn.gamma is not None:
+        s = node(scale + "/mul", "Mul", [s, flat(ext(bn.gamma), bn.gamma.shape.rank, scale)],
+                 T=dtype)
+    s_weights = s
+    if plan.training:
+        # Before the freeze the original batch norm gets gamma's gradient
+        # directly; the scale's paths through w*s and y/s cancel exactly, so
+        # both are cut (no gradient reduction over y/s). After the freeze
+        # gamma and the moving variance act through w*s.
+        s_weights = node(scale + "/StopGradient", "StopGradient", [s], T=dtype)
+        if frozen is not None:
+            s_weights = node(scale + "/select", "SelectV2", [ext(frozen), s, s_weights],
+                             T=dtype)
+    weights = layer_patterns.weight_input(layer_op)
+    if layer_op.type == "DepthwiseConv2dNative":
+        if weights.shape[2:].is_fully_defined():
+            shape = batch.const(batch.unique_name(prefix + "Reshape/shape"),
+                                weights.shape[2:].as_list(), tf.int32, device=device)
+        else:
+            begin, end, stride = [batch.const(batch.unique_name(prefix + "strided_slice/" + n),
+                                              [v], tf.int32, device=device)
+                                  for n, v in (("stack", 2), ("stack_1", 0), ("stack_2", 1))]
+            shape = node(prefix + "strided_slice", "StridedSlice",
+                         [node(prefix + "Shape", "Shape", [ext(weights)], T=dtype,
+                               out_type=tf.int32), begin, end, stride],
+                         T=tf.int32, Index=tf.int32, end_mask=1)
+        w_scale = node(prefix + "Reshape", "Reshape", [s_weights, shape], T=dtype,
+                       Tshape=tf.int32)
+    elif layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
+        shape = batch.const(batch.unique_name(prefix + "Reshape/shape"), [-1, 1], tf.int32,
+                            device=device)
+        w_scale = node(prefix + "Reshape", "Reshape", [s_weights, shape], T=dtype,
+                       Tshape=tf.int32)
+    else:
+        w_scale = s_weights
+    emitted = _Emitted(weights=node(prefix + "mul_fold", "Mul", [ext(weights), w_scale],
+                                    T=dtype),
+                       unscaled="", bn_consumers=list(bn.output.consumers()))
+    layer_output = ext(plan.layer_output)
+    if not plan.training or frozen is not None:
+        bias_scope = batch.unique_name(prefix + "bias_fold")
+        centred = statistic(bn.moving_mean, bn.mean_variable, bias_scope)
+        if plan.bias is not None:
+            centred = node(bias_scope + "/sub", "Sub", [centred, ext(plan.bias)], T=dtype)
+        centred = node(bias_scope + "/mul", "Mul", [centred, s], T=dtype)
+        if bn.beta is not None:
+            beta = flat(ext(bn.beta), bn.beta.shape.rank, bias_scope)
+            emitted.b_fold = node(bias_scope + "/sub_1", "Sub", [beta, centred], T=dtype)
+        else:
+            emitted.b_fold = node(bias_scope + "/Neg", "Neg", [centred], T=dtype)
+        if not (plan.training and use_cond):
+            emitted.bias_add = node(prefix + "BiasAdd_Fold", "BiasAdd",
+                                    [layer_output, emitted.b_fold], T=dtype,
+                                    data_format="NCHW" if plan.channels_first else "NHWC")
+            emitted.folded = emitted.bias_add
+            if plan.reshape is not None:
+                emitted.folded = node(prefix + "Reshape_Fold", "Reshape",
+                                      [emitted.bias_add, ext(plan.reshape.inputs[1])],
+                                      T=dtype, Tshape=plan.reshape.inputs[1].dtype)
+    # Keep the original batch norm (and its moving-average updates) fed with
+    # the unscaled layer output: exact, and computed only when something
+    # still reads it (training, or a fetch of the old output).
+    one = batch.const(batch.unique_name(scale + "/ones"), 1.0, dtype, device=device)
+    inverse = node(scale + "/inverse", "StopGradient",
+                   [node(scale + "/div_no_nan", "DivNoNan", [one, s], T=dtype)], T=dtype)
+    if plan.channels_first:
+        shape = batch.const(batch.unique_name(prefix + "Reshape/shape"), [-1, 1, 1],
+                            tf.int32, device=device)
+        inverse = node(prefix + "Reshape", "Reshape", [inverse, shape], T=dtype,
+                       Tshape=tf.int32)
+    emitted.unscaled = node(prefix + "div_fold", "Mul", [layer_output, inverse], T=dtype)
+    if plan.training and frozen is not None and not use_cond:
+        emitted.select = batch.node(
+            batch.unique_name(prefix + "select_fold"), "SelectV2",
+            [ext(frozen), emitted.folded, ext(bn.output)], device=bn.op.device, T=dtype,
+            _gradient_op_type=_SELECT_GRADIENT)
+    return emitted
+
+
+def _reroute(new: tf.Tensor, old: tf.Tensor, consumers: List[tf.Operation]) -> None:
+    """Makes `consumers` read `new` wherever they read `old`."""
+    for op in consumers:
+        for i, t in enumerate(op.inputs):
+            if t is old:
+                op._update_input(i, new)  # pylint: disable=protected-access
+
+
+def _finish(plan: fold_plan.FoldPlan, emitted: _Emitted, batch: node_batch.NodeBatch, ops,
+            graph: tf.Graph, freeze: Optional[_Freeze], use_cond: bool) -> FoldedLayer:
+    """Wires one fold's imported ops into the graph."""
+    bn, layer_op = plan.bn, plan.layer_op
+    folded_w = batch.tensor(ops, emitted.weights)
+    layer_op._update_input(1, folded_w)  # pylint: disable=protected-access
+    _reroute(batch.tensor(ops, emitted.unscaled), plan.layer_output, plan.old_consumers)
+    output = batch.tensor(ops, emitted.select or emitted.folded)
+    if output is None:
+        output = bn.output
+    frozen = freeze.frozen if (plan.training and freeze is not None) else None
+    if frozen is not None and use_cond:
+        b_fold = batch.tensor(ops, emitted.b_fold)
+        ctx = layer_op.name.rpartition("/")[0]
         layer_output = plan.layer_output
 
-        def make_folded():
+        def folded_branch():
             out = tf.nn.bias_add(layer_output, b_fold,
                                  data_format="NCHW" if plan.channels_first else None,
                                  name="BiasAdd_Fold")
             if plan.reshape is not None:
-                return out.op, tf.reshape(out, plan.reshape.inputs[1], name="Reshape_Fold")
-            return out.op, out
+                out = tf.reshape(out, plan.reshape.inputs[1], name="Reshape_Fold")
+            return out
 
-        bias_add, folded = None, None
-        if not (plan.training and use_cond):
-            bias_add, folded = make_folded()
-        frozen = None
-        # Keep the original batch norm (and its moving-average updates) fed
-        # with the unscaled layer output: exact, and computed only when
-        # something still reads it (training, or a fetch of the old output).
-        inv_s = tf.stop_gradient(tf.math.divide_no_nan(tf.ones_like(s), s),
-                                 name="scale_fold/inverse")
-        unscaled = tf.multiply(plan.layer_output, _per_channel(inv_s, plan.channels_first),
-                               name="div_fold")
-        reroute.reroute_ts(unscaled, plan.layer_output, can_modify=plan.old_consumers)
-    output = folded
-    if plan.training:
-        frozen = freeze.frozen
-        with graph.name_scope(scope or None), graph.device(bn.op.device):
-            if use_cond:
-                bn_out = bn.output
-                output = tf.cond(frozen, lambda: make_folded()[1],
-                                 lambda: tf.identity(bn_out), name="select_fold")
-            else:
-                with graph.gradient_override_map({"SelectV2": _SELECT_GRADIENT}):
-                    output = tf.where(frozen, folded, bn.output, name="select_fold")
-        if freeze.delay is not None:
-            for update in bn.updates:
-                _freeze_update(update, bn, freeze, graph)
-    reroute.reroute_ts(output, bn.output, can_modify=bn_consumers)
+        bn_out = bn.output
+        with graph.name_scope((ctx + "/") if ctx else None), graph.device(bn.op.device):
+            output = tf.cond(frozen, folded_branch, lambda: tf.identity(bn_out),
+                             name="select_fold")
+    if frozen is not None:
+        for update in bn.updates:
+            _freeze_update(update, bn, freeze, graph)
+    if output is not bn.output:
+        _reroute(output, bn.output, emitted.bn_consumers)
     graph.add_to_collection(FOLDED_BATCH_NORMS_COLLECTION, bn.op.name)
+    bias_add = ops[emitted.bias_add] if emitted.bias_add else None
     return FoldedLayer(layer_op=layer_op, batch_norm=bn.op.name, weights=folded_w,
                        bias_add=bias_add, output=output, training=plan.training,
                        frozen=frozen)
@@ -399,11 +411,13 @@ def fold_batch_norms(graph: Optional[tf.Graph] = None,
         freeze) instead of the eval structure. See the module docstring.
       freeze_batch_norm_delay: number of steps (runs advancing the shared
         `fake_quantization_step`) after which training uses the moving
-        statistics and stops updating them; None: never.
-      use_cond: training structure only: choose between the batch-norm and
-        the folded output with a functional `tf.cond` (an If op whose true
-        branch holds BiasAdd_Fold) instead of a SelectV2, so only one branch
-        runs. Measured ~1.1x instead of ~1.35-1.45x float training step time
+        statistics and stops updating them; None: never (the batch norms'
+        consumers then keep reading them: no select is built).
+      use_cond: training structure with a freeze delay only: choose between
+        the batch-norm and the folded output with a functional `tf.cond` (an
+        If op whose true branch holds BiasAdd_Fold) instead of a SelectV2, so
+        only one branch runs. Without a delay there is nothing to choose and
+        it changes nothing. Measured ~1.1x instead of ~1.35-1.45x float training step time
         on MobileNetV2 (CPU, tools/bench_fold.py --step_time_steps).
 
     Returns:
@@ -427,23 +441,24 @@ def fold_batch_norms(graph: Optional[tf.Graph] = None,
         if bn.op.name in done:
             continue
         try:
-            plans.append(_plan(bn, is_training))
-        except _CannotFold as e:
+            plans.append(fold_plan.plan_fold(bn, is_training))
+        except fold_plan.CannotFold as e:
             skipped.append(SkippedBatchNorm(bn.op.name, str(e)))
     for s in skipped:
         logging.warning("fold_batch_norms: batch norm %s not folded: %s", s.name, s.reason)
 
-    freeze = []
-
-    def freeze_factory():
-        if not freeze:
-            freeze.append(_Freeze(graph, freeze_batch_norm_delay))
-        return freeze[0]
-
     folded = []
-    with graph.as_default(), graph.control_dependencies(None):
-        for plan in plans:
-            folded.append(_apply(plan, graph, freeze_factory, use_cond))
+    with graph.as_default(), graph.control_dependencies(None), graph.name_scope(None):
+        freeze = None
+        if freeze_batch_norm_delay is not None and any(p.training for p in plans):
+            freeze = _Freeze(graph, freeze_batch_norm_delay)
+        frozen = freeze.frozen if freeze is not None else None
+        batch = node_batch.NodeBatch(graph)
+        emitted = [_emit(plan, batch, frozen if plan.training else None, use_cond)
+                   for plan in plans]
+        ops = batch.build()
+        for plan, e in zip(plans, emitted):
+            folded.append(_finish(plan, e, batch, ops, graph, freeze, use_cond))
     logging.info("fold_batch_norms: folded %d batch norms (%s), skipped %d.",
                  len(folded), "training" if is_training else "eval", len(skipped))
     return FoldResult(folded=folded, skipped=skipped)

@@ -201,10 +201,18 @@ class FoldBatchNormsTest(tf.test.TestCase, parameterized.TestCase):
 
     @parameterized.named_parameters(*_TRAIN_PARAMS)
     def test_training_fold_before_freeze(self, layer, bn, use_cond):
+        self._check_training_fold(layer, bn, 100, use_cond)
+
+    @parameterized.named_parameters(*_PARAMS)
+    def test_training_fold_without_delay(self, layer, bn):
+        # No freeze: the consumers read the original batch norm directly.
+        self._check_training_fold(layer, bn, None, False)
+
+    def _check_training_fold(self, layer, bn, delay, use_cond):
         ref_g, ref_x, ref_out, ref_w = _build(layer, bn, training=True)
         g, x, out, w = _build(layer, bn, training=True)
         values = _values(g, 5)
-        result = fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=100,
+        result = fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=delay,
                                   use_cond=use_cond)
         self.assertEmpty(result.skipped)
         self.assertLen(result.folded, 1)
@@ -298,7 +306,7 @@ class FoldStructureTest(tf.test.TestCase):
 
     def test_training_tail_structure(self):
         g, _, out, _ = _build("conv_bias", "fused", training=True)
-        folded = fold_batch_norms(g, is_training=True).folded[0]
+        folded = fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=5).folded[0]
         layer = folded.layer_op
         self.assertEqual(layer.name, "Conv2D")
         self.assertEqual(folded.weights.op.name, "mul_fold")
@@ -309,9 +317,32 @@ class FoldStructureTest(tf.test.TestCase):
         self.assertEqual(folded.output.op.type, "SelectV2")
         self.assertEqual(out.op.inputs[0].op, folded.output.op)
 
+    def test_training_tail_structure_without_delay(self):
+        for use_cond in (False, True):  # No freeze: nothing to choose.
+            g, _, out, _ = _build("conv_bias", "fused", training=True)
+            bn_op = out.op.inputs[0].op
+            folded = fold_batch_norms(g, is_training=True, use_cond=use_cond).folded[0]
+            layer = folded.layer_op
+            self.assertEqual(folded.weights.op.name, "mul_fold")
+            self.assertIs(layer.inputs[1], folded.weights)
+            self.assertEqual(folded.weights.op.inputs[1].op.type, "StopGradient")
+            self.assertEqual([c.name for c in layer.outputs[0].consumers()], ["div_fold"])
+            div_fold = g.get_operation_by_name("div_fold")
+            self.assertEqual([c.type for c in div_fold.outputs[0].consumers()], ["BiasAdd"])
+            self.assertEqual(bn_op.inputs[0].op.inputs[0].op, div_fold)
+            self.assertIsNone(folded.bias_add)
+            self.assertIsNone(folded.frozen)
+            self.assertIs(folded.output, bn_op.outputs[0])
+            self.assertIs(out.op.inputs[0], folded.output)
+            types = {op.type for op in g.get_operations()}
+            self.assertNoCommonElements(types, {"SelectV2", "If", "StatelessIf"})
+            self.assertEmpty([op.name for op in g.get_operations()
+                              if "_Fold" in op.name or "select_fold" in op.name])
+
     def test_cond_tail_structure(self):
         g, _, out, _ = _build("conv_bias", "fused", training=True)
-        folded = fold_batch_norms(g, is_training=True, use_cond=True).folded[0]
+        folded = fold_batch_norms(g, is_training=True, use_cond=True,
+                                  freeze_batch_norm_delay=5).folded[0]
         self.assertIsNone(folded.bias_add)
         self.assertEqual(folded.output.op.type, "Identity")
         cond = folded.output.op.inputs[0].op
@@ -364,9 +395,21 @@ class FoldStructureTest(tf.test.TestCase):
             x = tf.compat.v1.placeholder(tf.float32, [2, 5, 5, 3])
             y = tf.compat.v1.layers.conv2d(x, 4, 3, use_bias=False)
             tf.nn.relu(tf.compat.v1.layers.batch_normalization(y, training=True))
-        folded = fold_batch_norms(g, is_training=True).folded[0]
+        folded = fold_batch_norms(g, is_training=True, freeze_batch_norm_delay=5).folded[0]
         for t in (folded.weights, folded.output, folded.bias_add.outputs[0]):
             self.assertEqual(t.op.device, folded.layer_op.device)
+
+    def test_device_is_kept_without_delay(self):
+        g = tf.Graph()
+        with g.as_default(), g.device("/cpu:0"):
+            x = tf.compat.v1.placeholder(tf.float32, [2, 5, 5, 3])
+            y = tf.compat.v1.layers.conv2d(x, 4, 3, use_bias=False)
+            tf.nn.relu(tf.compat.v1.layers.batch_normalization(y, training=True))
+        folded = fold_batch_norms(g, is_training=True).folded[0]
+        new_ops = [folded.weights.op] + folded.layer_op.outputs[0].consumers()
+        self.assertLen(new_ops, 2)
+        for op in new_ops:
+            self.assertEqual(op.device, folded.layer_op.device)
 
     def _graph_with_unfoldable(self):
         g = tf.Graph()

@@ -1,0 +1,127 @@
+"""Which batch norms the fold pass can fold, and how (validation only).
+
+`plan_fold(bn, is_training)` checks one recognised batch norm (`qat.batch_norm`)
+against the layer before it (`qat.layer_patterns.LAYER_CHAIN`) without
+changing the graph, and returns a `FoldPlan` for `qat.fold_batch_norms`, or
+raises `CannotFold` with the reason.
+"""
+import dataclasses
+from typing import List, Optional
+
+import tensorflow as tf
+
+from qat import batch_norm as bn_lib
+from qat import layer_patterns
+from qat.matcher import GraphMatcher
+
+
+class CannotFold(Exception):
+    """A batch norm the fold pass leaves alone; the message says why."""
+
+
+@dataclasses.dataclass
+class FoldPlan:
+    """What the fold of one validated batch norm edits."""
+    bn: bn_lib.BatchNorm
+    layer_op: tf.Operation
+    layer_output: tf.Tensor          # layer op or BatchToSpaceND output
+    old_consumers: List[tf.Operation]  # consumers of layer_output (old path)
+    bias: Optional[tf.Tensor]
+    reshape: Optional[tf.Operation]
+    channels_first: bool
+    training: bool                   # training structure
+
+
+def data_format(op: tf.Operation) -> str:
+    """The op's data_format attribute ("NHWC" when it has none)."""
+    try:
+        value = op.get_attr("data_format")
+    except ValueError:
+        return "NHWC"
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _names(ops) -> str:
+    return ", ".join(sorted(op.name for op in ops))
+
+
+def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
+    """Validates one batch norm.
+
+    Args:
+      bn: the batch norm.
+      is_training: whether the training structure is wanted (used for batch
+        norms normalising with batch statistics).
+
+    Returns:
+      The `FoldPlan`.
+
+    Raises:
+      CannotFold: with the reason, if it cannot be folded.
+    """
+    match = GraphMatcher(layer_patterns.LAYER_CHAIN).match_op(bn.input.op)
+    if match is None or bn.input.value_index != 0:
+        raise CannotFold(
+            "no Conv2D / MatMul / DepthwiseConv2dNative layer with variable or "
+            "constant weights before it (input %s)" % bn.input.name)
+    layer_op = match.get_op("layer")
+    for op in (layer_op, bn.op):
+        if op._control_flow_context is not None:  # pylint: disable=protected-access
+            raise CannotFold("%s is inside a v1 tf.cond / tf.while_loop" % op.name)
+    chain = [layer_op]
+    for name in ("batch_to_space", "layer_identity", "bias_add", "reshape"):
+        op = match.get_op(name)
+        if op is not None:
+            chain.append(op)
+    for op, nxt in zip(chain[:-1], chain[1:]):
+        consumers = op.outputs[0].consumers()
+        if consumers != [nxt]:
+            raise CannotFold("the output of %s has other consumers (%s)"
+                              % (op.name, _names(c for c in consumers if c is not nxt)))
+    outside = [c for c in bn.input.consumers() if c not in bn.ops]
+    if outside:
+        raise CannotFold("its input %s also feeds %s" % (bn.input.name, _names(outside)))
+    layer_output = match.get_tensor("layer_output")
+    # Validated above: every consumer of layer_output is on the old path.
+    old_consumers = list(layer_output.consumers())
+
+    channels_first = (layer_op.type != "MatMul"
+                      and data_format(layer_op).startswith("NC"))
+    channels = layer_patterns.output_channels(layer_op)
+    reshape = match.get_op("reshape")
+    if bn.fused and reshape is None and data_format(bn.op).startswith("NC") != channels_first:
+        raise CannotFold("its data_format differs from the layer %s" % layer_op.name)
+    if bn.fused and reshape is not None and data_format(bn.op) != "NHWC":
+        raise CannotFold("a reshaped layer output needs an NHWC batch norm")
+    if layer_op.type == "MatMul" and layer_op.outputs[0].shape.rank not in (None, 2):
+        raise CannotFold("unexpected MatMul output rank")
+
+    bias = match.get_tensor("bias")
+    bias_add = match.get_op("bias_add")
+    if bias is not None:
+        if bias.shape.rank != 1 or (channels is not None and bias.shape[0] not in (None, channels)):
+            raise CannotFold("%s does not add a per-channel vector" % bias_add.name)
+        if bias_add.type == "BiasAdd":
+            if data_format(bias_add).startswith("NC") != channels_first:
+                raise CannotFold("%s has a different data_format than the layer"
+                                  % bias_add.name)
+        elif channels_first:
+            raise CannotFold("%s adds a vector to a channels-first output" % bias_add.name)
+    for what in ("gamma", "beta", "moving_mean", "moving_variance"):
+        t = getattr(bn, what)
+        if t is None or channels is None:
+            continue
+        n = t.shape.num_elements()
+        if n not in (None, 0, channels):
+            raise CannotFold("its %s has %d elements, the layer %s has %d output "
+                              "channels" % (what, n, layer_op.name, channels))
+    if not bn.has_moving_statistics():
+        raise CannotFold(
+            "it normalises with batch statistics but no moving-average update "
+            "of a moving mean and variance was found (ambiguous or missing)")
+    return FoldPlan(bn=bn, layer_op=layer_op, layer_output=layer_output,
+                 old_consumers=old_consumers, bias=bias, reshape=reshape,
+                 channels_first=channels_first,
+                 training=is_training and bn.uses_batch_statistics)
+
+
