@@ -63,7 +63,8 @@ def _create_graph(input_graph: Optional[tf.Graph], caller: str,
                   activation_bits: int = 8, symmetric: bool = False,
                   quant_delay: Optional[int] = None,
                   freeze_bn_delay: Optional[int] = None,
-                  scope: Optional[str] = None) -> None:
+                  scope: Optional[str] = None,
+                  symmetric_weights: bool = False) -> None:
     graph = _resolve_graph(input_graph, caller)
     _check_bits(weight_bits, activation_bits)
     _check_delay(quant_delay, "quant_delay")
@@ -71,6 +72,9 @@ def _create_graph(input_graph: Optional[tf.Graph], caller: str,
     if scope is not None and not isinstance(scope, str):
         raise TypeError(f"qat.{caller}(): scope must be a string or None, got "
                         f"{type(scope).__name__}.")
+    if not isinstance(symmetric_weights, bool):
+        raise TypeError(f"qat.{caller}(): symmetric_weights must be a bool, got "
+                        f"{type(symmetric_weights).__name__}.")
     # Refuse before the fold pass edits anything.
     quantize.check_no_optimizer_ops(graph)
     with graph.as_default():
@@ -79,7 +83,8 @@ def _create_graph(input_graph: Optional[tf.Graph], caller: str,
         quantize.insert_quant_ops(
             graph, is_training=is_training, weight_bits=weight_bits,
             activation_bits=activation_bits, symmetric=symmetric,
-            quant_delay=quant_delay, scope=scope)
+            quant_delay=quant_delay, scope=scope,
+            symmetric_weights=symmetric_weights)
 
 
 def create_training_graph(input_graph: Optional[tf.Graph] = None,
@@ -126,29 +131,38 @@ def experimental_create_training_graph(input_graph: Optional[tf.Graph] = None,
                                        symmetric: bool = False,
                                        quant_delay: int = 0,
                                        freeze_bn_delay: Optional[int] = None,
-                                       scope: Optional[str] = None) -> None:
+                                       scope: Optional[str] = None,
+                                       symmetric_weights: bool = False) -> None:
     """`create_training_graph` with bit widths, symmetry, delays and scope.
+
+    For an int8 TFLite model (`optimizations=[tf.lite.Optimize.DEFAULT]`),
+    pass `symmetric_weights=True` here and to
+    `experimental_create_eval_graph`: the int8 kernels refuse weights whose
+    zero point is not 0, which asymmetric weight ranges give.
 
     Args:
       input_graph: the graph to rewrite; the default graph when None.
       weight_bits: weight bit width, 2..8.
       activation_bits: activation bit width, 2..8.
-      symmetric: symmetric ranges (e.g. for int8 weights without zero point).
+      symmetric: symmetric ranges for weights and activations.
       quant_delay: steps before the FakeQuant outputs are used.
       freeze_bn_delay: steps after which batch norms use their moving
         statistics and stop updating them; None: never.
       scope: only layers whose op names start with it are quantized.
+      symmetric_weights: symmetric narrow-range weights (int8 zero point 0,
+        what int8 TFLite needs) while activations follow `symmetric`.
 
     Raises:
       RuntimeError: in eager mode without a graph, or for a finalized graph.
       ValueError: for bad bit widths or delays, or optimizer ops in the graph.
-      TypeError: for a scope that is not a string.
+      TypeError: for a scope that is not a string or a symmetric_weights
+        that is not a bool.
     """
     _create_graph(input_graph, "experimental_create_training_graph",
                   is_training=True, weight_bits=weight_bits,
                   activation_bits=activation_bits, symmetric=symmetric,
                   quant_delay=quant_delay, freeze_bn_delay=freeze_bn_delay,
-                  scope=scope)
+                  scope=scope, symmetric_weights=symmetric_weights)
 
 
 def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
@@ -156,11 +170,13 @@ def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
                                    activation_bits: int = 8,
                                    symmetric: bool = False,
                                    quant_delay: Optional[int] = None,
-                                   scope: Optional[str] = None) -> None:
+                                   scope: Optional[str] = None,
+                                   symmetric_weights: bool = False) -> None:
     """`create_eval_graph` with bit widths, symmetry and scope.
 
-    Use the same `weight_bits`, `activation_bits`, `symmetric` and `scope` as
-    for the training graph.
+    Use the same `weight_bits`, `activation_bits`, `symmetric`,
+    `symmetric_weights` and `scope` as for the training graph: the eval
+    FakeQuant ops read the ranges training learnt.
 
     Args:
       input_graph: the graph to rewrite; the default graph when None.
@@ -171,16 +187,20 @@ def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
         the first steps (evaluating it advances the step counter); None: no
         delay.
       scope: only layers whose op names start with it are quantized.
+      symmetric_weights: symmetric narrow-range weights (int8 zero point 0)
+        while activations follow `symmetric`.
 
     Raises:
       RuntimeError: in eager mode without a graph, or for a finalized graph.
       ValueError: for bad bit widths, or optimizer ops in the graph.
-      TypeError: for a scope that is not a string.
+      TypeError: for a scope that is not a string or a symmetric_weights
+        that is not a bool.
     """
     _create_graph(input_graph, "experimental_create_eval_graph",
                   is_training=False, weight_bits=weight_bits,
                   activation_bits=activation_bits, symmetric=symmetric,
-                  quant_delay=quant_delay, scope=scope)
+                  quant_delay=quant_delay, scope=scope,
+                  symmetric_weights=symmetric_weights)
 
 
 fold_batch_norms = fold_lib.fold_batch_norms

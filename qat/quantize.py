@@ -19,6 +19,11 @@ layer op, `net/conv1` for `net/conv1/Conv2D`):
   `<add ctx>/add_quant`, or `<add ctx>/act_quant` after its activation, or
   `<add ctx>/post_activation_bypass_quant` when the add follows the
   activation;
+* batch norms that follow no layer (input normalisation, after a concat or
+  an add): `<bn ctx>/bn_quant` on the output, or `<bn ctx>/act_quant` after
+  its activation, and a range on the input; in eval graphs the batch norm is
+  replaced by the equal 1x1 depthwise conv TFLite runs in integer
+  (`qat.standalone_batch_norm`);
 * what contrib missed and TFLite needs for a fully integer model: concat
   outputs (`concat_quant`), global average pooling Mean outputs
   (`mean_quant`), residual adds of plain activations (`add_quant`) - each only
@@ -28,7 +33,10 @@ layer op, `net/conv1` for `net/conv1/Conv2D`):
   producing the tensor.
 
 A layer output nothing consumes yet (a fetched final layer) still gets its
-`act_quant`, reading it and feeding nothing: export that FakeQuant's output.
+`act_quant`, reading it and feeding nothing (a warning names it): export that
+FakeQuant's output. A final layer ending in an Identity nothing reads
+(`tf.identity(logits, name="output")`) gets its `act_quant` before the
+Identity, which then outputs the quantized value under the user's name.
 
 Layers are found with `qat.layer_patterns`; the pass then walks forward from
 each layer op through its "tail" (bias add, batch norm, the fold pass's
@@ -41,10 +49,12 @@ get FakeQuant ops and keep reading float tensors.
 """
 from typing import List, Optional
 
+from absl import logging
 import tensorflow as tf
 
 from qat import quant_ops
 from qat import quantize_patterns as qp
+from qat import standalone_batch_norm
 from qat import step_counter
 from qat.graph_editor import reroute
 from qat.quantize_plan import Plan
@@ -60,8 +70,8 @@ def _reroute(new: tf.Tensor, old: tf.Tensor, consumers) -> None:
 
 def _spec(plan: Plan, is_training: bool, weight_bits: int,
           activation_bits: int, symmetric: bool, ema_decay: float,
-          quant_delay: Optional[int],
-          vars_collection: Optional[str]) -> quant_ops.QuantizerSpec:
+          quant_delay: Optional[int], vars_collection: Optional[str],
+          symmetric_weights: bool = False) -> quant_ops.QuantizerSpec:
     t = plan.tensor
     reshape = None
     if (plan.is_weight and plan.per_channel and t.shape.rank == 4
@@ -74,7 +84,10 @@ def _spec(plan: Plan, is_training: bool, weight_bits: int,
         inputs=t, prefix=plan.prefix, moving_average=not plan.is_weight,
         is_training=is_training,
         num_bits=weight_bits if plan.is_weight else activation_bits,
-        narrow_range=plan.is_weight, symmetric=symmetric,
+        narrow_range=plan.is_weight,
+        # Narrow and symmetric weights: [-a, a] on [-127, 127], zero point 0
+        # in int8, as the int8 TFLite kernels require.
+        symmetric=symmetric or (plan.is_weight and symmetric_weights),
         per_channel=plan.per_channel, ema_decay=ema_decay,
         init_min=plan.init_min, init_max=6.0, quant_delay=quant_delay,
         vars_collection=vars_collection, channel_reshape=reshape,
@@ -92,6 +105,7 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
                      scope: Optional[str] = None,
                      vars_collection: Optional[str] = (
                          tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES),
+                     symmetric_weights: bool = False,
                      ) -> List[str]:
     """Inserts FakeQuant ops into `graph` in place (see the module docstring).
 
@@ -104,13 +118,17 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
         False for an eval graph (FakeQuant ops read the variables).
       weight_bits: bit width of weights, 2..16.
       activation_bits: bit width of activations, 2..16.
-      symmetric: symmetric ranges.
+      symmetric: symmetric ranges for weights and activations.
       per_channel: one weight range per output channel.
       ema_decay: decay of the activation range moving averages.
       quant_delay: FakeQuant outputs are used once the quantization step
         reaches this many steps; None or 0: from the start.
       scope: only quantize layers (and other ops) whose name starts with it.
       vars_collection: extra collection for the range variables.
+      symmetric_weights: symmetric (narrow-range) weight ranges even when
+        `symmetric` is False: int8 weights get a zero point of 0, which the
+        int8 TFLite kernels require; activation ranges stay as `symmetric`
+        says (asymmetric by default, no bit wasted after a ReLU).
 
     Returns:
       The name prefixes of the quantizers created.
@@ -123,6 +141,9 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
     graph = graph or tf.compat.v1.get_default_graph()
     quant_ops.validate_num_bits(weight_bits, "weight_bits")
     quant_ops.validate_num_bits(activation_bits, "activation_bits")
+    if not isinstance(symmetric_weights, bool):
+        raise ValueError("symmetric_weights must be a bool, got "
+                         f"{symmetric_weights!r}.")
     if not 0.0 <= float(ema_decay) <= 1.0:
         raise ValueError(f"ema_decay must be in [0, 1], got {ema_decay!r}.")
     if quant_delay is not None and (isinstance(quant_delay, bool) or
@@ -137,12 +158,14 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
             "The graph is finalized (a Session or MonitoredSession finalized "
             "it): insert quant ops before creating the session.")
     check_no_optimizer_ops(graph)
-    plans = Planner(graph, is_training, scope, per_channel).run()
+    planner = Planner(graph, is_training, scope, per_channel)
+    plans = planner.run()
     if not plans:
         return []
     batch = quant_ops.QuantizerBatch(graph)
     specs = [_spec(plan, is_training, weight_bits, activation_bits, symmetric,
-                   ema_decay, quant_delay, vars_collection) for plan in plans]
+                   ema_decay, quant_delay, vars_collection, symmetric_weights)
+             for plan in plans]
     for spec in specs:
         spec.validate()
     step = None
@@ -155,7 +178,24 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
         _reroute(out, plan.tensor, plan.consumers)
         for layer in plan.weight_sharers:
             _reroute(out, layer.inputs[1], [layer])
+        if not plan.consumers and not plan.weight_sharers:
+            _warn_unconsumed(plan.tensor, out)
+    if not is_training:
+        for bn in planner.standalone_bns:
+            standalone_batch_norm.replace_with_depthwise(bn, per_channel)
     return [plan.prefix for plan in plans]
+
+
+def _warn_unconsumed(tensor: tf.Tensor, quantized: tf.Tensor) -> None:
+    logging.warning(
+        "qat: nothing reads '%s' yet, so its quantized value '%s' feeds "
+        "nothing. In a training graph, call the rewrite after building the "
+        "loss (and before the optimizer), so the loss reads the quantized "
+        "value and its range is trained. If '%s' is a model output you fetch "
+        "or export, fetch or export '%s' instead (or end the model with "
+        "tf.identity(..., name=...) and fetch that: the rewrite feeds it the "
+        "quantized value).", tensor.name, quantized.name, tensor.name,
+        quantized.name)
 
 
 def check_no_optimizer_ops(graph: tf.Graph) -> None:

@@ -44,6 +44,10 @@ RESHAPING_TYPES = frozenset(["Mean", "Reshape", "Squeeze", "ExpandDims"])
 
 RESIDUAL_ADD_TYPES = frozenset(["Add", "AddV2"])
 
+# Fused batch norms; one that follows no layer gets its own range.
+BATCH_NORM_TYPES = frozenset(["FusedBatchNorm", "FusedBatchNormV2",
+                              "FusedBatchNormV3"])
+
 # Ops TFLite runs with the scale of their input: the layer-input walk goes
 # back through them to find the tensor that needs a range.
 SAME_SCALE_TYPES = frozenset([

@@ -12,6 +12,7 @@ import tensorflow as tf
 from qat import layer_patterns
 from qat import quant_ops
 from qat import quantize_patterns as qp
+from qat import standalone_batch_norm
 
 
 @dataclasses.dataclass
@@ -121,6 +122,7 @@ class Planner(object):
         self.prefixes: Set[str] = set()
         self.tail_ops: Set[tf.Operation] = set()
         self.weight_plans: Dict[object, Plan] = {}
+        self.standalone_bns: List[tf.Operation] = []
         ops = graph.get_operations()
         self.gradient_ops = self._gradient_ops(ops)
         layers = layer_patterns.layer_ops(graph)
@@ -324,13 +326,20 @@ class Planner(object):
             activation = out.op
         if activation is not None:
             act_out = activation.outputs[0]
-            self._plan(act_out, ctx, "act_quant", 0.0,
-                       self._consumers(act_out))
+            consumers = self._consumers(act_out)
+            if activation.type == "Identity" and not consumers:
+                self._plan_fetched_identity(activation, tail, ctx)
+                return
+            # A fetched activation output still gets its range (a warning
+            # says to export the act_quant output).
+            self._plan(act_out, ctx, "act_quant", 0.0, consumers,
+                       allow_unused=True)
             for add in self._residual_adds(self._effective(act_out)):
                 self.plan_add_output(add, after_activation=True)
             return
         adds = self._residual_adds(self._effective(out))
         consumers = self._consumers(out, exclude=tail)
+        consumers += self._fetched_identities(out, tail)
         if adds:
             self._plan(out, ctx, "conv_quant", -6.0, consumers)
             for add in adds:
@@ -340,6 +349,27 @@ class Planner(object):
             # the user): it still gets its range for export.
             self._plan(out, ctx, "act_quant", -6.0, consumers,
                        allow_unused=True)
+
+    def _fetched_identities(self, t: tf.Tensor, tail) -> List[tf.Operation]:
+        """Tail Identity ops reading `t` whose output only the user fetches."""
+        return [c for c in t.consumers()
+                if c.type == "Identity" and c in tail
+                and not self._consumers(c.outputs[0])]
+
+    def _plan_fetched_identity(self, identity: tf.Operation, tail,
+                               ctx: str) -> None:
+        """act_quant for a layer ending in an Identity nothing reads.
+
+        `tf.identity(logits, name="output")` is the model output the user
+        fetches and exports: a FakeQuant after it would feed nothing and the
+        exported layer would stay float. The act_quant goes on the Identity's
+        input and the Identity reads it: the same values as a FakeQuant after
+        the Identity (contrib's place), under the name the user fetches.
+        """
+        t = identity.inputs[0]
+        consumers = [c for c in self._consumers(t)
+                     if c is identity or c not in tail]
+        self._plan(t, ctx, "act_quant", -6.0, consumers)
 
     def plan_add_output(self, add: tf.Operation, after_activation: bool) -> None:
         if not _in_scope(add, self.scope) or add in self.gradient_ops:
@@ -393,12 +423,41 @@ class Planner(object):
                         and self._handled_through(op.inputs[0])):
                     self._plan(op.outputs[0], _own_context(op), "mean_quant",
                                -6.0, self._consumers(op.outputs[0]))
+            elif op.type in qp.BATCH_NORM_TYPES:
+                self.plan_standalone_batch_norm(op)
             elif (op.type in qp.RESIDUAL_ADD_TYPES and len(op.inputs) == 2
                   and all(self._is_data(i) for i in op.inputs)
                   and all(self._handled_through(i) for i in op.inputs)):
                 after = any(i.op.type in qp.ACTIVATION_TYPES
                             or is_quantized_output(i) for i in op.inputs)
                 self.plan_add_output(op, after_activation=after)
+
+    def plan_standalone_batch_norm(self, bn: tf.Operation) -> None:
+        """A range for a batch norm that follows no layer (contrib had none).
+
+        Input normalisation, or a batch norm after a concat or an add: the
+        fold pass leaves it alone. Its input gets a range as a layer input
+        would, its output `<bn ctx>/bn_quant`, or `<bn ctx>/act_quant` after
+        the activation reading it. Eval graphs then replace it by a 1x1
+        depthwise conv TFLite runs in integer (`qat.standalone_batch_norm`).
+        """
+        if standalone_batch_norm.is_replaced(bn):
+            return  # An earlier pass moved its consumers to the depthwise form.
+        self.standalone_bns.append(bn)
+        self.plan_layer_input(bn)
+        out = bn.outputs[0]
+        ctx = _context(bn)
+        activation = self._activation_of(out)
+        if activation is not None and activation.type != "Identity":
+            act_out = activation.outputs[0]
+            self._plan(act_out, ctx, "act_quant", 0.0,
+                       self._consumers(act_out), allow_unused=True)
+            others = [c for c in self._consumers(out) if c is not activation]
+            if others:
+                self._plan(out, ctx, "bn_quant", -6.0, others)
+            return
+        self._plan(out, ctx, "bn_quant", -6.0, self._consumers(out),
+                   allow_unused=True)
 
     def plan_layer_input(self, layer: tf.Operation) -> None:
         t = qp.data_input(layer)

@@ -260,7 +260,8 @@ def check_runnable(model: bytes, graph_def: Optional[tf.compat.v1.GraphDef] = No
     """Raises ConversionError if the TFLite kernels refuse to prepare `model`.
 
     The usual cause with qat graphs: int8 kernels need symmetric weights (zero
-    point 0), which asymmetric (contrib default) weight ranges do not give.
+    point 0), which asymmetric (contrib default) weight ranges do not give;
+    `symmetric_weights=True` in qat.experimental_create_*_graph does.
 
     Raises:
       ConversionError: with the kernel's message and the weights at fault.
@@ -283,8 +284,11 @@ def check_runnable(model: bytes, graph_def: Optional[tf.compat.v1.GraphDef] = No
         if bad:
             hint = ("\nint8 kernels need symmetric weights (zero point 0); asymmetric weight "
                     "ranges: " + "; ".join(bad) + ". Build the training and eval graphs with "
-                    "qat.experimental_create_training_graph(symmetric=True) and "
-                    "qat.experimental_create_eval_graph(symmetric=True), or export uint8.")
+                    "qat.experimental_create_training_graph(..., symmetric_weights=True) and "
+                    "qat.experimental_create_eval_graph(..., symmetric_weights=True), train "
+                    "(or fine-tune) so the weight ranges are learnt symmetric, then export "
+                    "again; activation ranges stay asymmetric (symmetric=True would make "
+                    "them symmetric too, wasting a bit after ReLU). Or export uint8 only.")
         raise ConversionError(f"{label}: the TFLite runtime refuses the model: "
                               f"{str(e).strip()}{hint}") from e
 
