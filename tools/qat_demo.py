@@ -5,10 +5,13 @@ download) this trains a small conv -> BN -> ReLU (x2) -> max-pool -> dense
 network in tf.compat.v1 graph mode, the TF1 contrib recipe end to end:
 
   1. float training graph; train; save a float checkpoint;
-  2. new graph, same model, qat.create_training_graph(); restore the float
-     weights; fine-tune; save the QAT checkpoint;
-  3. new graph, model in inference mode, qat.create_eval_graph(); restore the
-     QAT checkpoint; export uint8 and int8 TFLite models (qat.export);
+  2. new graph, same model, qat.experimental_create_training_graph(
+     symmetric_weights=True) (symmetric weights for int8, asymmetric
+     activations); restore the float weights; fine-tune; save the QAT
+     checkpoint;
+  3. new graph, model in inference mode, qat.experimental_create_eval_graph(
+     symmetric_weights=True); restore the QAT checkpoint; export uint8 and
+     int8 TFLite models from that one eval graph (qat.export);
   4. print accuracies, eval graph <-> TFLite top-1 agreement, sizes, times.
 
 Exits with status 1 when a TFLite model loses more than --max_accuracy_drop
@@ -38,10 +41,16 @@ flags.DEFINE_float("learning_rate", 3e-3, "Adam learning rate of float training.
 flags.DEFINE_float("qat_learning_rate", 3e-4, "Adam learning rate of the QAT fine-tuning.")
 flags.DEFINE_integer("seed", 0, "Seed of the split, the initial weights and the shuffling.")
 flags.DEFINE_bool("symmetric", True,
-                  "Symmetric ranges via qat.experimental_create_{training,eval}_graph("
-                  "symmetric=True): the int8 TFLite kernels need weights with zero point 0. "
-                  "With --nosymmetric the contrib-default qat.create_training_graph / "
-                  "create_eval_graph (asymmetric) are used and only uint8 is exported.")
+                  "int8-ready ranges: qat.experimental_create_{training,eval}_graph("
+                  "symmetric_weights=True), i.e. symmetric weights (zero point 0, which the "
+                  "int8 TFLite kernels need) and asymmetric activations; uint8 and int8 are "
+                  "exported from the one eval graph. With --nosymmetric the contrib-default "
+                  "qat.create_training_graph / create_eval_graph (asymmetric weights) are used "
+                  "and only uint8 is exported.")
+flags.DEFINE_bool("symmetric_activations", False,
+                  "With --symmetric, make the activation ranges symmetric too "
+                  "(experimental_create_*_graph(symmetric=True)); wastes about one bit after "
+                  "ReLU.")
 flags.DEFINE_float("max_accuracy_drop", 1.0,
                    "Largest allowed TFLite accuracy loss against float, in points.")
 flags.DEFINE_float("min_agreement", 99.0,
@@ -105,7 +114,8 @@ def _train_graph(quantize: bool, seed: int):
         accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), labels), tf.float32))
         if quantize:
             if FLAGS.symmetric:
-                qat.experimental_create_training_graph(graph, symmetric=True)
+                qat.experimental_create_training_graph(
+                    graph, symmetric=FLAGS.symmetric_activations, symmetric_weights=True)
             else:
                 qat.create_training_graph(graph)
         rate = FLAGS.qat_learning_rate if quantize else FLAGS.learning_rate
@@ -158,7 +168,8 @@ def eval_session(checkpoint: str, quantize: bool):
         tf.nn.softmax(logits, name=OUTPUT_NAME)
         if quantize:
             if FLAGS.symmetric:
-                qat.experimental_create_eval_graph(graph, symmetric=True)
+                qat.experimental_create_eval_graph(
+                    graph, symmetric=FLAGS.symmetric_activations, symmetric_weights=True)
             else:
                 qat.create_eval_graph(graph)
         saver = tf1.train.Saver()
@@ -236,7 +247,10 @@ def main(argv):
                      "fully integer"))
     print()
     print(f"UCI digits test split: {len(x_test)} images (seed {FLAGS.seed}), "
-          f"{FLAGS.epochs} float + {FLAGS.qat_epochs} QAT epochs")
+          f"{FLAGS.epochs} float + {FLAGS.qat_epochs} QAT epochs; ranges: " +
+          ("contrib default (asymmetric)" if not FLAGS.symmetric else
+           "symmetric weights, " + ("symmetric" if FLAGS.symmetric_activations
+                                    else "asymmetric") + " activations"))
     print(f"{'model':<20} {'accuracy':>9} {'vs float':>9} {'top-1 agree':>12} "
           f"{'max diff':>10} {'size':>10}  kernels")
     for name, acc, par, size, kind in rows:
