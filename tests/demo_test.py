@@ -36,6 +36,8 @@ class DemoTest(absltest.TestCase):
                                                         "model.ckpt.index")))
         self.assertEqual(set(rows), {"float (eval graph)", "QAT eval graph", "TFLite uint8",
                                      "TFLite int8"}, proc.stdout)
+        # Default: int8-ready symmetric weights, asymmetric activations.
+        self.assertIn("ranges: symmetric weights, asymmetric activations", proc.stdout)
         qat_accuracy = rows["QAT eval graph"][0]
         for flavour in ("uint8", "int8"):
             accuracy, agreement = rows[f"TFLite {flavour}"]
@@ -58,6 +60,7 @@ class DemoTest(absltest.TestCase):
         self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr[-3000:])
         self.assertIn("TFLite uint8", rows)
         self.assertNotIn("TFLite int8", rows)
+        self.assertIn("ranges: contrib default (asymmetric)", proc.stdout)
         self.assertIn("FAIL: TFLite uint8 agrees with the eval graph on", proc.stdout)
 
 

@@ -228,6 +228,22 @@ class IdentityOutputTest(absltest.TestCase):
         self.assertIs(fq.inputs[0], out)
         self.assertIs(probs.op.inputs[0], fq.outputs[0])
 
+    def test_identity_beside_the_loss_reads_act_quant(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [None, 6, 6, 2], name="x")
+            out = _model(x, "plain", training=True)
+            logits = out.op.inputs[0]
+            labels = tf1.placeholder(tf.int64, [None])
+            tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=logits, name="xent")
+            qat.experimental_create_training_graph(g)
+        fq = _fake_quants(g)["logits/act_quant"]
+        self.assertIs(fq.inputs[0], logits)
+        self.assertIs(out.op.inputs[0], fq.outputs[0])
+        xent = g.get_operation_by_name("xent/xent")
+        self.assertIs(xent.inputs[0], fq.outputs[0])
+
     def test_identity_output_exports_fully_integer(self):
         with tempfile.TemporaryDirectory() as tmp:
             sess, results = _train_and_export("plain", True, tmp, steps=5)
@@ -265,6 +281,18 @@ class UnconsumedWarningTest(absltest.TestCase):
         self.assertIn(f"nothing reads '{logits.name}'", text)
         self.assertIn("logits/act_quant/FakeQuantWithMinMaxVars:0", text)
         self.assertIn("call the rewrite after building the loss", text)
+
+    def test_fetched_activation_gets_a_range_and_a_warning(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [None, 3], name="x")
+            out = tf1.layers.dense(x, 2, activation=tf.nn.relu, name="fc")
+            with self.assertLogs("absl", level="WARNING") as logs:
+                qat.experimental_create_eval_graph(g)
+        fq = _fake_quants(g)["fc/act_quant"]
+        self.assertIs(fq.inputs[0], out)
+        self.assertEmpty(fq.outputs[0].consumers())
+        self.assertIn(f"nothing reads '{out.name}'", "\n".join(logs.output))
 
     def test_no_warning_when_everything_is_read(self):
         g = tf.Graph()
