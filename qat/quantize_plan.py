@@ -123,6 +123,7 @@ class Planner(object):
         self.tail_ops: Set[tf.Operation] = set()
         self.weight_plans: Dict[object, Plan] = {}
         self.standalone_bns: List[tf.Operation] = []
+        self.library = None
         ops = graph.get_operations()
         self.gradient_ops = self._gradient_ops(ops)
         layers = layer_patterns.layer_ops(graph)
@@ -160,6 +161,13 @@ class Planner(object):
         seeds.extend(op for op in ops if op.type in qp.INPUT_TYPES
                      and any(_is_float(o) for o in op.outputs))
         return self._forward_closure(seeds)
+
+    def _library(self):
+        """{function name: FunctionDef} of the graph (If branches)."""
+        if self.library is None:
+            self.library = {f.signature.name: f for f in
+                            self.graph.as_graph_def().library.function}
+        return self.library
 
     def _is_data(self, t: tf.Tensor) -> bool:
         return t.op in self.data_ops
@@ -423,7 +431,9 @@ class Planner(object):
                         and self._handled_through(op.inputs[0])):
                     self._plan(op.outputs[0], _own_context(op), "mean_quant",
                                -6.0, self._consumers(op.outputs[0]))
-            elif op.type in qp.BATCH_NORM_TYPES:
+            elif (op.type in qp.BATCH_NORM_TYPES
+                  or standalone_batch_norm.is_batch_norm_cond(
+                      op, self._library())):
                 self.plan_standalone_batch_norm(op)
             elif (op.type in qp.RESIDUAL_ADD_TYPES and len(op.inputs) == 2
                   and all(self._is_data(i) for i in op.inputs)
@@ -444,7 +454,9 @@ class Planner(object):
         if standalone_batch_norm.is_replaced(bn):
             return  # An earlier pass moved its consumers to the depthwise form.
         self.standalone_bns.append(bn)
-        self.plan_layer_input(bn)
+        x = standalone_batch_norm.data_input(bn, self._is_data)
+        if x is not None:
+            self.plan_layer_input(bn, x)
         out = bn.outputs[0]
         ctx = _context(bn)
         activation = self._activation_of(out)
@@ -459,8 +471,9 @@ class Planner(object):
         self._plan(out, ctx, "bn_quant", -6.0, self._consumers(out),
                    allow_unused=True)
 
-    def plan_layer_input(self, layer: tf.Operation) -> None:
-        t = qp.data_input(layer)
+    def plan_layer_input(self, layer: tf.Operation,
+                         t: Optional[tf.Tensor] = None) -> None:
+        t = qp.data_input(layer) if t is None else t
         while (t.op.type in qp.SAME_SCALE_TYPES and t.op.inputs
                and not self._is_handled(t)):
             t = t.op.inputs[0]

@@ -337,6 +337,30 @@ class StandaloneBatchNormTest(parameterized.TestCase):
             self.assertLessEqual(parity.max_diff_steps, 8.0, flavour)
             self.assertLessEqual(parity.mean_diff_steps, 1.0, flavour)
 
+    def test_training_tensor_batch_norm_matches_eval_names(self):
+        # A `training` tensor wraps the batch norm in an If op: the training
+        # graph still names its range like the eval graph does.
+        names = {}
+        for mode in ("train", "eval"):
+            g = tf.Graph()
+            with g.as_default():
+                x = tf1.placeholder(tf.float32, [None, 6, 6, 2], name="x")
+                training = (tf1.placeholder_with_default(True, [])
+                            if mode == "train" else False)
+                net = _LAYERS.batch_normalization(x, training=training,
+                                                  name="in_bn")
+                net = _LAYERS.conv2d(net, 4, 3, name="conv1")
+                tf.reduce_sum(net)
+                if mode == "train":
+                    qat.experimental_create_training_graph(g)
+                else:
+                    qat.experimental_create_eval_graph(g)
+            names[mode] = {v.op.name for v in g.get_collection(
+                tf1.GraphKeys.GLOBAL_VARIABLES) if "quant" in v.op.name}
+        self.assertEqual(names["train"], names["eval"])
+        self.assertIn("in_bn/bn_quant/min", names["eval"])
+        self.assertIn("x/input_quant/min", names["eval"])
+
     def test_depthwise_form_equals_the_batch_norm(self):
         g = tf.Graph()
         with g.as_default():
