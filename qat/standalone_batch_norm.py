@@ -126,8 +126,7 @@ def replace_with_depthwise(bn: tf.Operation,
                 quantized = tf.reshape(
                     tf.quantization.fake_quant_with_min_max_vars_per_channel(
                         tf.reshape(weights, [1, 1, channels]), -bound, bound,
-                        narrow_range=True,
-                        name="FakeQuantWithMinMaxVarsPerChannel"),
+                        narrow_range=True, name="FakeQuantWithMinMaxVars"),
                     [1, 1, channels, 1])
             else:
                 quantized = tf.quantization.fake_quant_with_min_max_vars(

@@ -383,9 +383,32 @@ class StandaloneBatchNormTest(parameterized.TestCase):
                 self.assertTrue(fq.get_attr("narrow_range"))
                 self.assertEqual(out.op.inputs[0].op.name, "bn/bn_quant/FakeQuantWithMinMaxVars")
                 self.assertEqual(fq.outputs[0].consumers()[0].type, "DepthwiseConv2dNative")
+        self.assertEqual(fq.type, "FakeQuantWithMinMaxVars")
         # Weight steps of max|scale| / 127 (scale 1.5/sqrt(0.501) = 2.12), and
         # the output's [-6, 6] range: within a few output steps.
         np.testing.assert_allclose(got, expected, atol=0.1)
+
+    def test_per_channel_depthwise_weights(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [None, 6, 6, 2], name="x")
+            bn = _LAYERS.batch_normalization(
+                x, training=False, name="bn",
+                gamma_initializer=tf1.constant_initializer([0.01, 1.5]))
+            tf.identity(bn, name="out")
+            qat.fold_batch_norms(g, is_training=False)
+            qat.insert_quant_ops(g, is_training=False, per_channel=True)
+            fq = g.get_operation_by_name(
+                "bn/FusedBatchNormV3_depthwise/weights_quant/"
+                "FakeQuantWithMinMaxVars")
+            self.assertEqual(fq.type, "FakeQuantWithMinMaxVarsPerChannel")
+            with tf1.Session() as sess:
+                sess.run(tf1.global_variables_initializer())
+                weights = sess.run(fq.outputs[0]).ravel()
+        # One range per channel: the small scale keeps its precision (per
+        # tensor it would become one step of 1.5 / 127, 18% too large).
+        scale = np.array([0.01, 1.5]) / np.sqrt(1.0 + 1e-3)
+        np.testing.assert_allclose(weights, scale, rtol=1e-2)
 
 
 if __name__ == "__main__":
