@@ -31,7 +31,7 @@ def _var(sess, graph, name):
     return sess.run(found[0])
 
 
-def _model(x, kind, training):
+def _model(x, kind, training, conv1_init=None):
     """Small models whose last layer feeds tf.identity(name="output").
 
     kind: "plain" (conv -> relu -> dense), "bn_input" (a batch norm on the
@@ -45,7 +45,7 @@ def _model(x, kind, training):
     if kind == "bn_input":
         net = _LAYERS.batch_normalization(net, name="in_bn", **bn_args)
     net = _LAYERS.conv2d(net, 4, 3, padding="same", activation=tf.nn.relu,
-                         name="conv1")
+                         kernel_initializer=conv1_init, name="conv1")
     if kind == "bn_concat":
         a = _LAYERS.conv2d(net, 4, 3, padding="same", activation=tf.nn.relu,
                            name="a")
@@ -62,7 +62,8 @@ def _model(x, kind, training):
     return tf.identity(logits, name="output")
 
 
-def _train_and_export(kind, symmetric_weights, tmp, steps=30):
+def _train_and_export(kind, symmetric_weights, tmp, steps=30,
+                      conv1_init=None):
     """Trains a QAT graph briefly, restores it into an eval graph, exports.
 
     Returns (eval session, {flavour: ExportedModel} or the ExportError).
@@ -76,7 +77,7 @@ def _train_and_export(kind, symmetric_weights, tmp, steps=30):
         tf1.set_random_seed(0)
         x = tf1.placeholder(tf.float32, [None, 6, 6, 2], name="x")
         y = tf1.placeholder(tf.int64, [None])
-        out = _model(x, kind, training=True)
+        out = _model(x, kind, training=True, conv1_init=conv1_init)
         loss = tf1.losses.sparse_softmax_cross_entropy(y, out)
         qat.experimental_create_training_graph(
             graph, symmetric_weights=symmetric_weights)
@@ -193,7 +194,11 @@ class Int8ExportTest(absltest.TestCase):
             self.assertLessEqual(results[flavour].parity.max_diff_steps, 3.0)
 
     def test_asymmetric_int8_refused_with_instructions(self):
-        sess, results = _train_and_export("plain", False, self.tmp)
+        # Mostly positive conv weights: an asymmetric range whose int8 zero
+        # point is far from 0 (a near-symmetric one could round to 0).
+        sess, results = _train_and_export(
+            "plain", False, self.tmp,
+            conv1_init=tf1.random_uniform_initializer(0.05, 0.5))
         sess.close()
         self.assertIsInstance(results, export.ConversionError)
         self.assertIn("the TFLite runtime refuses the model", str(results))
