@@ -159,6 +159,8 @@ class FoldResult:
 
 
 _SELECT_GRADIENT = "QatFoldSelect"
+# Scope of the constants the folds share (epsilon, 1, reshape shapes).
+_CONSTANTS_SCOPE = "fold_batch_norms/constants/"
 
 
 def _fold_select_grad(op: tf.Operation, grad: tf.Tensor):
@@ -230,11 +232,14 @@ def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optiona
     def node(name, op, inputs, **attrs):
         return batch.node(batch.unique_name(name), op, inputs, device=device, **attrs)
 
+    def shared(name, value, value_dtype):
+        return batch.shared_const(_CONSTANTS_SCOPE + name, value, value_dtype)
+
     def flat(ref, rank, scope):
         if rank == 1:
             return ref
-        shape = batch.const(batch.unique_name(scope + "/Reshape/shape"), [-1], tf.int32)
-        return node(scope + "/Reshape", "Reshape", [ref, shape], T=dtype, Tshape=tf.int32)
+        return node(scope + "/Reshape", "Reshape", [ref, shared("shape", [-1], tf.int32)],
+                    T=dtype, Tshape=tf.int32)
 
     def statistic(t, variable, scope):
         if t is not None:
@@ -251,32 +256,29 @@ def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optiona
     if isinstance(bn.epsilon, tf.Tensor):
         epsilon = ext(bn.epsilon)
     else:
-        epsilon = batch.const(batch.unique_name(scale + "/add/y"), bn.epsilon, dtype,
-                              device=device)
+        epsilon = shared("epsilon", bn.epsilon, dtype)
     s = node(scale + "/Rsqrt", "Rsqrt",
              [node(scale + "/add", "AddV2", [variance, epsilon], T=dtype)], T=dtype)
     if bn.gamma is not None:
         s = node(scale + "/mul", "Mul", [s, flat(ext(bn.gamma), bn.gamma.shape.rank, scale)],
                  T=dtype)
+    s_stopped = node(scale + "/StopGradient", "StopGradient", [s], T=dtype)
     s_weights = s
     if plan.training:
         # Before the freeze the original batch norm gets gamma's gradient
         # directly; the scale's paths through w*s and y/s cancel exactly, so
         # both are cut (no gradient reduction over y/s). After the freeze
         # gamma and the moving variance act through w*s.
-        s_weights = node(scale + "/StopGradient", "StopGradient", [s], T=dtype)
+        s_weights = s_stopped
         if frozen is not None:
-            s_weights = node(scale + "/select", "SelectV2", [ext(frozen), s, s_weights],
+            s_weights = node(scale + "/select", "SelectV2", [ext(frozen), s, s_stopped],
                              T=dtype)
     weights = layer_patterns.weight_input(layer_op)
     if layer_op.type == "DepthwiseConv2dNative":
         if weights.shape[2:].is_fully_defined():
-            shape = batch.const(batch.unique_name(prefix + "Reshape/shape"),
-                                weights.shape[2:].as_list(), tf.int32, device=device)
+            shape = shared("shape", weights.shape[2:].as_list(), tf.int32)
         else:
-            begin, end, stride = [batch.const(batch.unique_name(prefix + "strided_slice/" + n),
-                                              [v], tf.int32, device=device)
-                                  for n, v in (("stack", 2), ("stack_1", 0), ("stack_2", 1))]
+            begin, end, stride = [shared("shape", [v], tf.int32) for v in (2, 0, 1)]
             shape = node(prefix + "strided_slice", "StridedSlice",
                          [node(prefix + "Shape", "Shape", [ext(weights)], T=dtype,
                                out_type=tf.int32), begin, end, stride],
@@ -284,8 +286,7 @@ def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optiona
         w_scale = node(prefix + "Reshape", "Reshape", [s_weights, shape], T=dtype,
                        Tshape=tf.int32)
     elif layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
-        shape = batch.const(batch.unique_name(prefix + "Reshape/shape"), [-1, 1], tf.int32,
-                            device=device)
+        shape = shared("shape", [-1, 1], tf.int32)
         w_scale = node(prefix + "Reshape", "Reshape", [s_weights, shape], T=dtype,
                        Tshape=tf.int32)
     else:
@@ -317,12 +318,11 @@ def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optiona
     # Keep the original batch norm (and its moving-average updates) fed with
     # the unscaled layer output: exact, and computed only when something
     # still reads it (training, or a fetch of the old output).
-    one = batch.const(batch.unique_name(scale + "/ones"), 1.0, dtype, device=device)
-    inverse = node(scale + "/inverse", "StopGradient",
-                   [node(scale + "/div_no_nan", "DivNoNan", [one, s], T=dtype)], T=dtype)
+    # 1 / stop_gradient(s): no gradient either.
+    inverse = node(scale + "/inverse", "DivNoNan", [shared("one", 1.0, dtype), s_stopped],
+                   T=dtype)
     if plan.channels_first:
-        shape = batch.const(batch.unique_name(prefix + "Reshape/shape"), [-1, 1, 1],
-                            tf.int32, device=device)
+        shape = shared("shape", [-1, 1, 1], tf.int32)
         inverse = node(prefix + "Reshape", "Reshape", [inverse, shape], T=dtype,
                        Tshape=tf.int32)
     emitted.unscaled = node(prefix + "div_fold", "Mul", [layer_output, inverse], T=dtype)

@@ -28,6 +28,7 @@ class NodeBatch(object):
         self._ext: Dict[str, tf.Tensor] = {}
         self._ext_ids: Dict[int, str] = {}
         self._nodes: List[str] = []
+        self._shared: Dict[tuple, str] = {}
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -98,6 +99,23 @@ class NodeBatch(object):
         array = np.asarray(value, dtype.as_numpy_dtype)
         return self.node(name, "Const", device=device, dtype=dtype,
                          value=tf.make_tensor_proto(array, dtype))
+
+    def shared_const(self, name: str, value, dtype: tf.DType) -> str:
+        """A Const node shared by every user of the same value in the batch.
+
+        Args:
+          name: the full name wanted for it, if it is new (made unique).
+          value: its value.
+          dtype: its dtype.
+
+        Returns:
+          The node's name.
+        """
+        array = np.asarray(value, dtype.as_numpy_dtype)
+        key = (dtype, array.shape, array.tobytes())
+        if key not in self._shared:
+            self._shared[key] = self.const(self.unique_name(name), array, dtype)
+        return self._shared[key]
 
     def build(self) -> Dict[str, tf.Operation]:
         """Imports the nodes into the graph.
