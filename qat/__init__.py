@@ -1,12 +1,18 @@
 """qat: quantization-aware training for TensorFlow 2 graph-mode models.
 
 `tf.contrib.quantize` and `tf.contrib.graph_editor` for `tf.compat.v1` graphs,
-rebuilt on TensorFlow 2.21.
+rebuilt on TensorFlow 2.21. The pipeline, one module per step:
+
+  graph_editor -> matcher -> layer_patterns -> fold_batch_norms -> quantize
+  -> export (`from qat import export`; needs the ai-edge-litert extra)
+
+The public rewrite API below keeps contrib's names and signatures.
 """
 
 __version__ = "0.1.0"
 
 from qat import graph_editor
+from qat import gradient_checkpointing
 from qat.api import create_eval_graph
 from qat.api import create_training_graph
 from qat.api import experimental_create_eval_graph
@@ -17,6 +23,7 @@ from qat.api import insert_quant_ops
 __all__ = [
     "__version__",
     "graph_editor",
+    "gradient_checkpointing",
     "create_training_graph",
     "create_eval_graph",
     "experimental_create_training_graph",

@@ -11,7 +11,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
-from ai_edge_litert import interpreter as litert
 
 from qat.export.errors import ConversionError, FloatOpError
 
@@ -83,12 +82,24 @@ class FloatOp:
                 f"TF op(s) without a range: {tf_part}")
 
 
-def make_interpreter(model: bytes, num_threads: Optional[int] = None) -> litert.Interpreter:
-    """Returns an Interpreter on `model` with the builtin kernels only.
+def make_interpreter(model: bytes, num_threads: Optional[int] = None):
+    """Returns an ai_edge_litert Interpreter on `model` with the builtin kernels only.
 
     No XNNPACK delegate, so op listings show the model's own operators and the
     integer kernels are the reference ones a device would run.
+
+    Raises:
+      ImportError: if the `ai-edge-litert` package (qat's `export` extra) is
+        not installed.
     """
+    # Imported here: the TFLite runtime is an extra (`pip install qat[export]`),
+    # not needed by the rewrite passes.
+    try:
+        from ai_edge_litert import interpreter as litert  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise ImportError(
+            "qat.export runs TFLite models with the ai_edge_litert interpreter: "
+            "pip install ai-edge-litert (or qat[export])") from e
     return litert.Interpreter(
         model_content=model, num_threads=num_threads,
         experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
