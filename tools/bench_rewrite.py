@@ -10,9 +10,14 @@
     block through a GraphDef import, so building them is cheap). Prints the
     time per op of the original graph for each size: flat means linear.
 
+Before each timed call the garbage of the graphs built earlier in the run is
+collected (gc.collect(), untimed): otherwise a full collection of those
+graphs (~0.3 s with a few Keras graphs alive) lands in a random timing.
+
   .venv/bin/python tools/bench_rewrite.py
   .venv/bin/python tools/bench_rewrite.py --models= --sizes=3000,30000
 """
+import gc
 import os
 import statistics
 import time
@@ -49,6 +54,7 @@ def _keras_graph(name):
 
 
 def _timed(fn):
+    gc.collect()
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
