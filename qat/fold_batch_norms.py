@@ -7,11 +7,12 @@ whatever its op names or scopes, and rewrites it in place. With
     s      = gamma * rsqrt(moving_variance + epsilon)     per output channel
     b_fold = beta - (moving_mean - layer_bias) * s
 
-the layer op itself is kept (its name too) and its weight input is replaced
-by `w * s` (`<ctx>/mul_fold`, the tensor the quantize pass quantizes as
+the layer op itself is kept (its name too) and reads the folded weights
+`w * s` (`<ctx>/mul_fold`, the tensor the quantize pass quantizes as
 `weights_quant`; depthwise weights are scaled in their [1, 1, in, mult]
 layout, MatMul weights per column, or per row with transpose_b). `<ctx>` is
-the layer op's name scope.
+the layer op's name scope. 1/s is `divide_no_nan(1, stop_gradient(s))`
+("<ctx>/scale_fold/inverse"): 0 where s == 0 (gamma == 0), so no NaN.
 
 Eval structure (is_training=False, or a batch norm that already normalises
 with moving statistics):
@@ -29,39 +30,46 @@ DESIGN DECISION: the convolution is computed ONCE (PyTorch ConvBn style), not
 twice like contrib (a float layer for the batch statistics plus the folded
 one), because the quantize issue targets a QAT/float training step time <=
 1.25 on MobileNetV2, and a second convolution per layer alone would cost
-about that much. y = layer(x, w*s) is scaled back by 1/s to feed the
-ORIGINAL batch norm, which is exact in value and gradient, so before the
-freeze the layer trains exactly like the unfolded one.
+about that much. The 1/s that takes the layer back to the unfolded one is
+applied to the WEIGHTS (weight-sized), not to the layer output
+(activation-sized): per output channel, layer(x, fq(w*s) / s) =
+layer(x, fq(w*s)) / s, so the layer output feeds the ORIGINAL batch norm
+unchanged. Without quantization this is the unfolded layer in value (up to
+float rounding) and gradient, so before the freeze the layer trains exactly
+like the unfolded one. The one weight structure (with or without a delay):
+
+    w -> Mul(w, s_w) "<ctx>/mul_fold" [-> weights_quant FakeQuant]
+      -> Mul(., 1/s) "<ctx>/unscale_fold" (1/s in the weight layout, like s)
+      -> layer(x, .) [-> BatchToSpaceND] = y
+
+`qat.layer_patterns.weight_input` recognises the unscale multiply by
+structure (`UNSCALED_WEIGHTS`) and returns mul_fold (or its quantized value),
+so the quantize pass puts `weights_quant` between mul_fold and unscale_fold.
 
 Without a freeze delay (freeze_batch_norm_delay=None, what
 `create_training_graph` uses) the batch norm never switches to its moving
-statistics, so nothing else is built and its consumers keep reading it:
+statistics, so nothing else is built and the layer's tail is the unfolded
+one:
 
-    layer(x, w*stop_gradient(s)) [-> BatchToSpaceND] = y
-      y -> Mul(y, 1/s) "<ctx>/div_fold" [-> Identity] [-> original bias op]
-          [-> Reshape] -> ORIGINAL batch norm (batch statistics; its moving
-          average updates keep reading its batch statistics)
-          -> its consumers, unchanged
+    y [-> Identity] [-> original bias op] [-> Reshape] -> ORIGINAL batch
+      norm (batch statistics; its moving-average updates keep reading its
+      batch statistics) -> its consumers, unchanged
 
-  The quantize pass walks this tail (layer -> div_fold -> [bias] -> batch
-  norm) to the activation or residual add as in an unfolded graph.
-  `FoldedLayer.output` is the batch norm's output; `bias_add` and `frozen`
-  are None. Step time (MobileNetV2 96x96, batch 16, 2-core CPU, measured
-  side by side): ~1.07-1.08x the float training step, the cost of the
-  div_fold multiply (forward and backward) on every batch-norm input; the
-  select tail below measured ~1.4x in the same run.
+  The quantize pass walks this tail to the activation or residual add as in
+  an unfolded graph. `FoldedLayer.output` is the batch norm's output;
+  `bias_add` and `frozen` are None. Nothing activation-sized is added (the
+  former y * 1/s multiply on every batch-norm input cost ~0.09x of the float
+  MobileNetV2 training step, tools/bench_train_step.py).
 
 With a freeze delay the tail chooses between the batch norm and the folded
-output:
+output y * s + b_fold = layer(x, fq(w*s)) + b_fold:
 
-    layer(x, w*s) [-> BatchToSpaceND] = y
-      y -> Mul(y, 1/s) "<ctx>/div_fold" -> ... -> ORIGINAL batch norm = bn_out
-      y -> BiasAdd(b_fold) "<ctx>/BiasAdd_Fold" [-> Reshape "<ctx>/Reshape_Fold"]
-          = folded (moving statistics)
-      SelectV2(frozen, folded, bn_out) "<ctx>/select_fold"
-          -> the batch norm's former consumers
+    y -> ... -> ORIGINAL batch norm = bn_out
+    y -> Mul(y, s) "<ctx>/rescale_fold" -> BiasAdd(b_fold) "<ctx>/BiasAdd_Fold"
+        [-> Reshape "<ctx>/Reshape_Fold"] = folded (moving statistics)
+    SelectV2(frozen, folded, bn_out) "<ctx>/select_fold"
+        -> the batch norm's former consumers
 
-  1/s is `divide_no_nan(1, s)`: 0 where s == 0 (gamma == 0), so no NaN.
   `frozen` is `fake_quantization_step > freeze_batch_norm_delay` (the shared
   counter of `qat.step_counter`), so the first `freeze_batch_norm_delay`
   runs use batch statistics. From the freeze on the moving-average updates
@@ -71,21 +79,21 @@ output:
 
   Gradients. Before the freeze, the paths of s through w*s and through 1/s
   cancel exactly, and gamma gets its gradient from the original batch norm;
-  so 1/s is under stop_gradient and the weights use
-  `where(frozen, s, stop_gradient(s))` ("<ctx>/scale_fold/select"; just
-  stop_gradient(s) without a delay): after the freeze gamma and beta learn
-  through w*s and b_fold, as in contrib. The SelectV2 has a cheaper
+  so 1/s (and the s of rescale_fold) is under stop_gradient and mul_fold
+  uses s_w = `where(frozen, s, stop_gradient(s))` ("<ctx>/scale_fold/select";
+  just stop_gradient(s) without a delay): after the freeze gamma and beta
+  learn through w*s and b_fold, as in contrib. The SelectV2 has a cheaper
   registered gradient ("QatFoldSelect": the incoming gradient times frozen /
   1 - frozen). A graph re-imported in a process that builds its gradients
   needs `qat.fold_batch_norms` imported (it registers that gradient).
 
-  Step time: the SelectV2 and the BiasAdd_Fold it needs run on every
-  activation even before the freeze (~1.35-1.45x the float MobileNetV2
-  training step on CPU). `use_cond=True` replaces the SelectV2 by a
-  functional cond "<ctx>/select_fold" (a StatelessIf with inputs frozen, y,
-  b_fold, bn_out; true branch BiasAdd_Fold [-> Reshape_Fold], false branch
-  Identity), so only one branch runs (~1.1x); the tail is then layer [->
-  BatchToSpaceND] -> If -> Identity (tf.cond's output) -> consumers.
+  Step time: the SelectV2 and the rescale_fold / BiasAdd_Fold it needs run
+  on every activation even before the freeze. `use_cond=True` replaces the
+  SelectV2 by a functional cond "<ctx>/select_fold" (a StatelessIf with
+  inputs frozen, y, b_fold, s, bn_out; true branch rescale_fold ->
+  BiasAdd_Fold [-> Reshape_Fold], false branch Identity), so only one branch
+  runs; the tail is then layer [-> BatchToSpaceND] -> If -> Identity
+  (tf.cond's output) -> consumers.
 
 Speed of the rewrite: the new ops of every fold are written as NodeDefs and
 added with one `import_graph_def` (`qat.node_batch`), named as the Python
@@ -124,7 +132,8 @@ class FoldedLayer:
       layer_op: the Conv2D / MatMul / DepthwiseConv2dNative op (kept, now
         reading the folded weights).
       batch_norm: the name of the folded batch-norm op.
-      weights: the folded weights `w * s` (`layer_op.inputs[1]`).
+      weights: the folded weights `w * s` (`layer_patterns.weight_input`:
+        `layer_op.inputs[1]` in eval, unscale_fold's input 0 in training).
       bias_add: the BiasAdd adding `b_fold` to the layer output (None for
         the training structure without a freeze delay, where there is none,
         and with use_cond, where it is inside the If op's true branch).
@@ -207,12 +216,13 @@ class _Freeze(object):
 class _Emitted:
     """Names of one fold's new ops in the NodeBatch (see `_emit`)."""
     weights: str
-    unscaled: str
+    unscaled: str                    # unscale_fold (training) or div_fold (eval)
     bn_consumers: List[tf.Operation]
     b_fold: Optional[str] = None
     bias_add: Optional[str] = None
     folded: Optional[str] = None     # BiasAdd_Fold [-> Reshape_Fold]
     select: Optional[str] = None
+    rescale: Optional[str] = None    # s in the layer output's layout
 
 
 def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional[tf.Tensor],
@@ -266,35 +276,62 @@ def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optiona
     s_weights = s
     if plan.training:
         # Before the freeze the original batch norm gets gamma's gradient
-        # directly; the scale's paths through w*s and y/s cancel exactly, so
-        # both are cut (no gradient reduction over y/s). After the freeze
-        # gamma and the moving variance act through w*s.
+        # directly; the scale's paths through w*s and 1/s cancel exactly, so
+        # both are cut. After the freeze gamma and the moving variance act
+        # through w*s.
         s_weights = s_stopped
         if frozen is not None:
             s_weights = node(scale + "/select", "SelectV2", [ext(frozen), s, s_stopped],
                              T=dtype)
     weights = layer_patterns.weight_input(layer_op)
-    if layer_op.type == "DepthwiseConv2dNative":
-        if weights.shape[2:].is_fully_defined():
-            shape = shared("shape", weights.shape[2:].as_list(), tf.int32)
-        else:
-            begin, end, stride = [shared("shape", [v], tf.int32) for v in (2, 0, 1)]
-            shape = node(prefix + "strided_slice", "StridedSlice",
-                         [node(prefix + "Shape", "Shape", [ext(weights)], T=dtype,
-                               out_type=tf.int32), begin, end, stride],
-                         T=tf.int32, Index=tf.int32, end_mask=1)
-        w_scale = node(prefix + "Reshape", "Reshape", [s_weights, shape], T=dtype,
-                       Tshape=tf.int32)
-    elif layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
-        shape = shared("shape", [-1, 1], tf.int32)
-        w_scale = node(prefix + "Reshape", "Reshape", [s_weights, shape], T=dtype,
-                       Tshape=tf.int32)
-    else:
-        w_scale = s_weights
-    emitted = _Emitted(weights=node(prefix + "mul_fold", "Mul", [ext(weights), w_scale],
-                                    T=dtype),
+
+    def weight_layout(vector):
+        """`vector` (per output channel) reshaped to multiply the weights."""
+        if layer_op.type == "DepthwiseConv2dNative":
+            if weights.shape[2:].is_fully_defined():
+                shape = shared("shape", weights.shape[2:].as_list(), tf.int32)
+            else:
+                begin, end, stride = [shared("shape", [v], tf.int32) for v in (2, 0, 1)]
+                shape = node(prefix + "strided_slice", "StridedSlice",
+                             [node(prefix + "Shape", "Shape", [ext(weights)], T=dtype,
+                                   out_type=tf.int32), begin, end, stride],
+                             T=tf.int32, Index=tf.int32, end_mask=1)
+            return node(prefix + "Reshape", "Reshape", [vector, shape], T=dtype,
+                        Tshape=tf.int32)
+        if layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
+            return node(prefix + "Reshape", "Reshape",
+                        [vector, shared("shape", [-1, 1], tf.int32)], T=dtype,
+                        Tshape=tf.int32)
+        return vector
+
+    def activation_layout(vector):
+        """`vector` (per output channel) reshaped to multiply the layer output."""
+        if plan.channels_first:
+            return node(prefix + "Reshape", "Reshape",
+                        [vector, shared("shape", [-1, 1, 1], tf.int32)], T=dtype,
+                        Tshape=tf.int32)
+        return vector
+
+    emitted = _Emitted(weights=node(prefix + "mul_fold", "Mul",
+                                    [ext(weights), weight_layout(s_weights)], T=dtype),
                        unscaled="", bn_consumers=list(bn.output.consumers()))
-    layer_output = ext(plan.layer_output)
+    # 1 / stop_gradient(s), 0 where s == 0 (gamma == 0): no NaN, no gradient.
+    inverse = node(scale + "/inverse", "DivNoNan", [shared("one", 1.0, dtype), s_stopped],
+                   T=dtype)
+    # What BiasAdd_Fold reads: y (eval) or y * s (training, after the freeze).
+    folded_input = None if plan.training else ext(plan.layer_output)
+    if plan.training:
+        # The layer reads fq(w*s) / s (per output channel, weight-sized):
+        # its output is the unfolded layer's, which feeds the ORIGINAL batch
+        # norm unchanged (no activation-sized multiply).
+        emitted.unscaled = node(prefix + "unscale_fold", "Mul",
+                                [emitted.weights, weight_layout(inverse)], T=dtype)
+        if frozen is not None:
+            # After the freeze: y * s + b_fold = layer(x, fq(w*s)) + b_fold.
+            emitted.rescale = activation_layout(s_stopped)
+            if not use_cond:
+                folded_input = node(prefix + "rescale_fold", "Mul",
+                                    [ext(plan.layer_output), emitted.rescale], T=dtype)
     if not plan.training or frozen is not None:
         bias_scope = batch.unique_name(prefix + "bias_fold")
         centred = statistic(bn.moving_mean, bn.mean_variable, bias_scope)
@@ -308,24 +345,19 @@ def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optiona
             emitted.b_fold = node(bias_scope + "/Neg", "Neg", [centred], T=dtype)
         if not (plan.training and use_cond):
             emitted.bias_add = node(prefix + "BiasAdd_Fold", "BiasAdd",
-                                    [layer_output, emitted.b_fold], T=dtype,
+                                    [folded_input, emitted.b_fold], T=dtype,
                                     data_format="NCHW" if plan.channels_first else "NHWC")
             emitted.folded = emitted.bias_add
             if plan.reshape is not None:
                 emitted.folded = node(prefix + "Reshape_Fold", "Reshape",
                                       [emitted.bias_add, ext(plan.reshape.inputs[1])],
                                       T=dtype, Tshape=plan.reshape.inputs[1].dtype)
-    # Keep the original batch norm (and its moving-average updates) fed with
-    # the unscaled layer output: exact, and computed only when something
-    # still reads it (training, or a fetch of the old output).
-    # 1 / stop_gradient(s): no gradient either.
-    inverse = node(scale + "/inverse", "DivNoNan", [shared("one", 1.0, dtype), s_stopped],
-                   T=dtype)
-    if plan.channels_first:
-        shape = shared("shape", [-1, 1, 1], tf.int32)
-        inverse = node(prefix + "Reshape", "Reshape", [inverse, shape], T=dtype,
-                       Tshape=tf.int32)
-    emitted.unscaled = node(prefix + "div_fold", "Mul", [layer_output, inverse], T=dtype)
+    if not plan.training:
+        # Keep the original batch norm (and its moving-average updates) fed
+        # with the unscaled layer output: exact, and computed only when
+        # something still reads it (a fetch of the old output).
+        emitted.unscaled = node(prefix + "div_fold", "Mul",
+                                [ext(plan.layer_output), activation_layout(inverse)], T=dtype)
     if plan.training and frozen is not None and not use_cond:
         emitted.select = batch.node(
             batch.unique_name(prefix + "select_fold"), "SelectV2",
@@ -347,19 +379,25 @@ def _finish(plan: fold_plan.FoldPlan, emitted: _Emitted, batch: node_batch.NodeB
     """Wires one fold's imported ops into the graph."""
     bn, layer_op = plan.bn, plan.layer_op
     folded_w = batch.tensor(ops, emitted.weights)
-    layer_op._update_input(1, folded_w)  # pylint: disable=protected-access
-    _reroute(batch.tensor(ops, emitted.unscaled), plan.layer_output, plan.old_consumers)
+    if plan.training:
+        # The layer reads unscale_fold = w*s / s; its consumers are unchanged.
+        layer_op._update_input(1, batch.tensor(ops, emitted.unscaled))  # pylint: disable=protected-access
+    else:
+        layer_op._update_input(1, folded_w)  # pylint: disable=protected-access
+        _reroute(batch.tensor(ops, emitted.unscaled), plan.layer_output, plan.old_consumers)
     output = batch.tensor(ops, emitted.select or emitted.folded)
     if output is None:
         output = bn.output
     frozen = freeze.frozen if (plan.training and freeze is not None) else None
     if frozen is not None and use_cond:
         b_fold = batch.tensor(ops, emitted.b_fold)
+        rescale = batch.tensor(ops, emitted.rescale)
         ctx = layer_op.name.rpartition("/")[0]
         layer_output = plan.layer_output
 
         def folded_branch():
-            out = tf.nn.bias_add(layer_output, b_fold,
+            out = tf.multiply(layer_output, rescale, name="rescale_fold")
+            out = tf.nn.bias_add(out, b_fold,
                                  data_format="NCHW" if plan.channels_first else None,
                                  name="BiasAdd_Fold")
             if plan.reshape is not None:

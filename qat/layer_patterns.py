@@ -18,6 +18,14 @@ LAYER_CHAIN, rooted at the tensor a batch norm reads (the "pre-BN" tensor)::
   behind one Identity. Whether a bias really is a per-channel vector is for
   the pass to check (shapes are not part of the pattern).
 
+UNSCALED_WEIGHTS, the weights of a layer after a training fold
+(`qat.fold_batch_norms`), rooted at the op the layer reads as weights::
+
+    Mul("unscale", w*s [quantized]: "scaled_weights",
+        [Reshape(] DivNoNan(Const 1, StopGradient(s)) [)])
+
+  `weight_input` returns "scaled_weights" for such a layer.
+
 FUSED_BATCH_NORM: FusedBatchNorm / V2 / V3 ("batch_norm") reading
   "bn_input", "gamma", "beta", "mean", "variance" (inputs 0..4).
 
@@ -39,7 +47,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from qat.matcher import OneofPattern, OpTypePattern
+from qat.matcher import GraphMatcher, OneofPattern, OpTypePattern
 
 # The ops whose weights are folded and quantized.
 LAYER_TYPES = ("Conv2D", "MatMul", "DepthwiseConv2dNative")
@@ -84,6 +92,17 @@ LAYER_CHAIN = OneofPattern([
     OpTypePattern("Reshape", name="reshape", inputs=[_BIASED, "*"]),
     _BIASED,
 ])
+
+# The training fold's weights (`qat.fold_batch_norms`): the layer reads
+# Mul(w*s [-> weights_quant], 1/s) with 1/s = DivNoNan(1, StopGradient(s)),
+# reshaped to the weight layout for depthwise and transpose_b MatMul weights.
+_INVERSE_SCALE = OpTypePattern("DivNoNan", inputs=[
+    OpTypePattern("Const"), OpTypePattern("StopGradient")])
+UNSCALED_WEIGHTS = OpTypePattern("Mul", name="unscale", inputs=[
+    OpTypePattern("*", name="scaled_weights"),
+    OneofPattern([OpTypePattern("Reshape", inputs=[_INVERSE_SCALE, "*"]),
+                  _INVERSE_SCALE])])
+_UNSCALED_WEIGHTS_MATCHER = GraphMatcher(UNSCALED_WEIGHTS)
 
 FUSED_BATCH_NORM = OpTypePattern(
     "|".join(FUSED_BATCH_NORM_TYPES), name="batch_norm",
@@ -136,9 +155,13 @@ def layer_ops(graph: tf.Graph) -> List[tf.Operation]:
 
 
 def weight_input(layer_op: tf.Operation) -> tf.Tensor:
-    """Returns the weight tensor a layer op reads (its input 1).
+    """Returns the weight tensor of a layer op: the one to quantize.
 
-    After `fold_batch_norms` this is the folded weight `w * scale`.
+    That is its input 1, except when the layer reads it through the training
+    fold's per-channel unscale (`UNSCALED_WEIGHTS`, `Mul(w * s, 1 / s)`):
+    then it is the multiply's first input, the folded weight `w * s` (or
+    its quantized value once the quantize pass ran). After an eval fold the
+    layer reads `w * s` directly.
 
     Args:
       layer_op: a Conv2D, MatMul or DepthwiseConv2dNative op.
@@ -152,7 +175,12 @@ def weight_input(layer_op: tf.Operation) -> tf.Tensor:
     if layer_op.type not in LAYER_TYPES:
         raise ValueError("%s (%s) is not a layer op; expected one of %s."
                          % (layer_op.name, layer_op.type, ", ".join(LAYER_TYPES)))
-    return layer_op.inputs[1]
+    direct = layer_op.inputs[1]
+    if direct.op.type == "Mul":
+        match = _UNSCALED_WEIGHTS_MATCHER.match_op(direct.op)
+        if match is not None:
+            return match.get_tensor("scaled_weights")
+    return direct
 
 
 def is_parameter(tensor: tf.Tensor) -> bool:

@@ -296,8 +296,21 @@ class Planner(object):
                 found.append(c)
         return found
 
+    def _weight_readers(self, w: tf.Tensor) -> List[tf.Operation]:
+        """Layers reading weights `w`, or the training fold's unscale Mul
+        (`layer_patterns.UNSCALED_WEIGHTS`) they read `w` through."""
+        def reads(c):
+            return c.type in qp.LAYER_TYPES and c.inputs[1] is w
+        return [c for c in w.consumers() if c not in self.gradient_ops and (
+            reads(c) or c.type == "Mul" and any(
+                op.type in layer_patterns.LAYER_TYPES
+                and layer_patterns.weight_input(op) is w
+                for op in c.outputs[0].consumers()))]
+
     def plan_weights(self, layer: tf.Operation) -> None:
-        w = layer.inputs[1]  # The weights, for every layer type.
+        # Input 1 for every layer type; w*s behind the fold's unscale Mul.
+        w = (layer_patterns.weight_input(layer)
+             if layer.type in layer_patterns.LAYER_TYPES else layer.inputs[1])
         if is_quantized_output(w):
             return
         # Reads of one resource variable are one weight: quantized once.
@@ -307,9 +320,7 @@ class Planner(object):
             if shared.tensor is not w and layer not in shared.weight_sharers:
                 shared.weight_sharers.append(layer)
             return
-        sharing = [c for c in w.consumers()
-                   if c.type in qp.LAYER_TYPES and c.inputs[1] is w
-                   and c not in self.gradient_ops]
+        sharing = self._weight_readers(w)
         # Per channel means along the output channels, the last axis of the
         # weights (depthwise: reshaped in _spec); not for transposed layouts.
         per_channel = (self.per_channel and w.shape.rank in (2, 4)

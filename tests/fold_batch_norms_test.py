@@ -310,9 +310,15 @@ class FoldStructureTest(tf.test.TestCase):
         layer = folded.layer_op
         self.assertEqual(layer.name, "Conv2D")
         self.assertEqual(folded.weights.op.name, "mul_fold")
-        self.assertEqual(sorted(c.type for c in layer.outputs[0].consumers()),
-                         ["BiasAdd", "Mul"])
+        self._assert_unscaled_weights(g, layer, folded.weights)
+        # The layer feeds the original bias (-> batch norm) and y * s.
+        self.assertEqual(sorted(c.name for c in layer.outputs[0].consumers()),
+                         ["BiasAdd", "rescale_fold"])
+        rescale = g.get_operation_by_name("rescale_fold")
+        self.assertIs(rescale.inputs[0], layer.outputs[0])
+        self.assertEqual(rescale.inputs[1].op.type, "StopGradient")
         self.assertEqual(folded.bias_add.name, "BiasAdd_Fold")
+        self.assertIs(folded.bias_add.inputs[0], rescale.outputs[0])
         self.assertEqual([c.type for c in folded.bias_add.outputs[0].consumers()], ["SelectV2"])
         self.assertEqual(folded.output.op.type, "SelectV2")
         self.assertEqual(out.op.inputs[0].op, folded.output.op)
@@ -324,12 +330,12 @@ class FoldStructureTest(tf.test.TestCase):
             folded = fold_batch_norms(g, is_training=True, use_cond=use_cond).folded[0]
             layer = folded.layer_op
             self.assertEqual(folded.weights.op.name, "mul_fold")
-            self.assertIs(layer.inputs[1], folded.weights)
             self.assertEqual(folded.weights.op.inputs[1].op.type, "StopGradient")
-            self.assertEqual([c.name for c in layer.outputs[0].consumers()], ["div_fold"])
-            div_fold = g.get_operation_by_name("div_fold")
-            self.assertEqual([c.type for c in div_fold.outputs[0].consumers()], ["BiasAdd"])
-            self.assertEqual(bn_op.inputs[0].op.inputs[0].op, div_fold)
+            self._assert_unscaled_weights(g, layer, folded.weights)
+            # The layer output feeds the original bias and batch norm only.
+            self.assertEqual([c.type for c in layer.outputs[0].consumers()], ["BiasAdd"])
+            self.assertIs(bn_op.inputs[0].op.inputs[0], layer.outputs[0])
+            self.assertNotIn("div_fold", [op.name for op in g.get_operations()])
             self.assertIsNone(folded.bias_add)
             self.assertIsNone(folded.frozen)
             self.assertIs(folded.output, bn_op.outputs[0])
@@ -339,6 +345,18 @@ class FoldStructureTest(tf.test.TestCase):
             self.assertEmpty([op.name for op in g.get_operations()
                               if "_Fold" in op.name or "select_fold" in op.name])
 
+    def _assert_unscaled_weights(self, g, layer, weights):
+        """The layer reads unscale_fold = Mul(w*s, DivNoNan(1, stop_gradient(s)))."""
+        unscale = layer.inputs[1].op
+        self.assertEqual(unscale.name, "unscale_fold")
+        self.assertEqual(unscale.type, "Mul")
+        self.assertIs(unscale.inputs[0], weights)
+        inverse = unscale.inputs[1].op
+        self.assertEqual(inverse.type, "DivNoNan")
+        self.assertEqual(inverse.inputs[1].op.type, "StopGradient")
+        self.assertEqual(weights.consumers(), [unscale])
+        self.assertIs(layer_patterns.weight_input(layer), weights)
+
     def test_cond_tail_structure(self):
         g, _, out, _ = _build("conv_bias", "fused", training=True)
         folded = fold_batch_norms(g, is_training=True, use_cond=True,
@@ -347,8 +365,11 @@ class FoldStructureTest(tf.test.TestCase):
         self.assertEqual(folded.output.op.type, "Identity")
         cond = folded.output.op.inputs[0].op
         self.assertIn(cond.type, ("If", "StatelessIf"))
+        self._assert_unscaled_weights(g, folded.layer_op, folded.weights)
+        # The layer feeds the original bias (-> batch norm) and the cond,
+        # whose true branch computes y * s + b_fold.
         self.assertEqual(sorted(c.type for c in folded.layer_op.outputs[0].consumers()),
-                         sorted(["Mul", cond.type]))
+                         sorted(["BiasAdd", cond.type]))
         self.assertIs(out.op.inputs[0], folded.output)
 
     def test_eval_tail_structure_and_scope(self):

@@ -14,6 +14,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
+from qat import layer_patterns  # pylint: disable=g-import-not-at-top
 from qat import quantize  # pylint: disable=g-import-not-at-top
 
 ACTIVATIONS = ("Relu6", "Relu", "Identity", "LeakyRelu")
@@ -181,13 +182,30 @@ class GridChecks(object):
                 self.assertIs(out, fq.outputs[0])
             return fq
 
-        w_fq = check(ctx + "/weights_quant", None, [layer_op], narrow=True)
-        self.assertIs(layer_op.inputs[1], _output(w_fq))
+        if training and batch_norm != "none":
+            # Training fold: the layer reads unscale_fold = fq(w*s) * 1/s
+            # (1/s = DivNoNan(1, stop_gradient(s)), per output channel).
+            # Depthwise weights: 1/s reshaped to [1, 1, in, multiplier].
+            unscale = layer_op.inputs[1].op
+            self.assertEqual(unscale.type, "Mul")
+            inverse = unscale.inputs[1].op
+            if layer_op.type == "DepthwiseConv2dNative":
+                self.assertEqual(inverse.type, "Reshape")
+                inverse = inverse.inputs[0].op
+            self.assertEqual(inverse.type, "DivNoNan")
+            self.assertEqual(inverse.inputs[1].op.type, "StopGradient")
+            self.assertEqual(layer_op.inputs[1].consumers(), [layer_op])
+            w_fq = check(ctx + "/weights_quant", None, [unscale], narrow=True)
+            self.assertIs(unscale.inputs[0], _output(w_fq))
+        else:
+            w_fq = check(ctx + "/weights_quant", None, [layer_op], narrow=True)
+            self.assertIs(layer_op.inputs[1], _output(w_fq))
         if batch_norm == "none":
             self.assertIs(w_fq.inputs[0], float_weights)
         else:  # Folded: w * scale.
             self.assertEqual(w_fq.inputs[0].op.type, "Mul")
             self.assertIn(float_weights, list(w_fq.inputs[0].op.inputs))
+            self.assertIs(layer_patterns.weight_input(layer_op), _output(w_fq))
         input_consumers = [first_op] + ([add] if residual != "none" else [])
         check("input/input_quant", x, input_consumers)
         if residual == "none":

@@ -16,6 +16,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
+from qat import layer_patterns  # pylint: disable=g-import-not-at-top
 from qat import quantize  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
@@ -51,8 +52,18 @@ class KerasModelsTest(parameterized.TestCase):
         ops = g.get_operations()
         layers = [op for op in ops if op.type in _LAYERS]
         self.assertGreater(len(layers), 50)
+        unscaled = 0
         for op in layers:
-            self.assertTrue(quantize.is_quantized_output(op.inputs[1]), op.name)
+            w = layer_patterns.weight_input(op)
+            self.assertTrue(quantize.is_quantized_output(w), op.name)
+            if op.inputs[1] is not w:
+                # Folded (training): the layer reads fq(w*s) * 1/s.
+                unscale = op.inputs[1].op
+                self.assertEqual(unscale.type, "Mul", op.name)
+                self.assertIs(unscale.inputs[0], w, op.name)
+                unscaled += 1
+        # Every conv is followed by a batch norm; the final Dense is not.
+        self.assertEqual(unscaled, len(layers) - 1)
         weight_fqs = [op for op in ops if op.type == "FakeQuantWithMinMaxVars"
                       and op.name.endswith("/weights_quant/FakeQuantWithMinMaxVars")]
         self.assertLen(weight_fqs, len(layers))
