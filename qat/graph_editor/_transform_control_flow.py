@@ -128,6 +128,19 @@ class _Renamer(object):
             self.context_def(nested)
 
 
+def outermost_contexts(ops) -> list:
+    """Returns the outermost v1 control-flow contexts (loops, conds) of `ops`, once each."""
+    roots = {}
+    for op in ops:
+        context = op._control_flow_context  # pylint: disable=protected-access
+        if context is None:
+            continue
+        while context.outer_context is not None:
+            context = context.outer_context
+        roots[id(context)] = context
+    return list(roots.values())
+
+
 def restore_control_flow_contexts(info) -> None:
     """Rebuilds the v1 control-flow contexts of the loops/conds copied whole.
 
@@ -135,15 +148,7 @@ def restore_control_flow_contexts(info) -> None:
     no context: they run, but `tf.gradients` cannot differentiate through
     them).
     """
-    roots = {}
-    for op in info.transformed_ops:
-        context = op._control_flow_context  # pylint: disable=protected-access
-        if context is None:
-            continue
-        while context.outer_context is not None:
-            context = context.outer_context
-        roots[id(context)] = context
-    for root in roots.values():
+    for root in outermost_contexts(info.transformed_ops):
         if not isinstance(root, (control_flow_ops.WhileContext, control_flow_ops.CondContext)):
             continue
         context_def = control_flow_pb2.ControlFlowContextDef()

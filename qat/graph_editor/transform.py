@@ -399,16 +399,8 @@ def _add_control_flow_ops(ops: List[tf.Operation], control_ios) -> None:
     the outermost enclosing contexts (and, for loops, every op between their
     Enter and Exit ops) is added.
     """
-    roots = {}
-    for op in ops:
-        context = op._control_flow_context  # pylint: disable=protected-access
-        if context is None:
-            continue
-        while context.outer_context is not None:
-            context = context.outer_context
-        roots[id(context)] = context
     new_ops = []
-    for context in roots.values():
+    for context in _transform_control_flow.outermost_contexts(ops):
         new_ops += _context_ops(ops[0].graph, context)
         if context.IsWhileContext():
             new_ops += select.get_walks_intersection_ops(
