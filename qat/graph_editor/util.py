@@ -419,9 +419,12 @@ def get_predefined_collection_names() -> List[str]:
     global _TF_PREDEFINED_COLLECTION_NAMES
     if _TF_PREDEFINED_COLLECTION_NAMES is None:
         keys = tf.compat.v1.GraphKeys
+        # VARIABLES is a deprecated alias of GLOBAL_VARIABLES ("variables"),
+        # and reading it logs a deprecation warning.
         _TF_PREDEFINED_COLLECTION_NAMES = sorted({
             getattr(keys, name) for name in dir(keys)
-            if not name.startswith("_") and isinstance(getattr(keys, name), str)
+            if not name.startswith("_") and name != "VARIABLES"
+            and isinstance(getattr(keys, name), str)
         })
     return list(_TF_PREDEFINED_COLLECTION_NAMES)
 
