@@ -54,7 +54,7 @@ class NodeBatch(object):
         return self._ext_ids[key]
 
     def node(self, name: str, op: str, inputs: Sequence[str] = (),
-             device: str = "", **attrs) -> str:
+             device: str = "", control: Sequence[str] = (), **attrs) -> str:
         """Adds a NodeDef; returns its name (input `name` or `name:<i>`).
 
         Args:
@@ -63,8 +63,10 @@ class NodeBatch(object):
           inputs: input names: other nodes of the batch (`name` or
             `name:<i>`) or `external(t)`.
           device: the device string.
+          control: names of nodes of the batch this one has control
+            dependencies on.
           **attrs: attributes: a tf.DType, a bool, an int, bytes / str, a
-            TensorProto (`value`), or a list of ints.
+            tf.TensorShape, a TensorProto (`value`), or a list of ints.
 
         Returns:
           `name`.
@@ -73,6 +75,7 @@ class NodeBatch(object):
         node.name = name
         node.op = op
         node.input.extend(inputs)
+        node.input.extend("^" + c for c in control)
         if device:
             node.device = device
         for key, value in attrs.items():
@@ -87,6 +90,8 @@ class NodeBatch(object):
                 attr.s = value.encode()
             elif isinstance(value, bytes):
                 attr.s = value
+            elif isinstance(value, tf.TensorShape):
+                attr.shape.CopyFrom(value.as_proto())
             elif isinstance(value, (list, tuple)):
                 attr.list.i.extend(int(v) for v in value)
             else:

@@ -30,10 +30,10 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2
 from tensorflow.core.framework import variable_pb2
 from tensorflow.python.ops import resource_variable_ops
 
+from qat import node_batch
 from qat import step_counter
 
 # Name of the FakeQuant op inside each quantizer's scope (contrib's names).
@@ -43,10 +43,9 @@ FAKE_QUANT_TYPES = frozenset(
 MIN_NUM_BITS = 2
 MAX_NUM_BITS = 16
 _DEFAULT_COLLECTION = tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES
-_FLOAT = tf.float32.as_datatype_enum
-_INT32 = tf.int32.as_datatype_enum
-_INT64 = tf.int64.as_datatype_enum
-_RESOURCE = tf.resource.as_datatype_enum
+_FLOAT = tf.float32
+_INT32 = tf.int32
+_INT64 = tf.int64
 
 
 def validate_num_bits(num_bits: int, what: str = "num_bits",
@@ -138,51 +137,24 @@ class QuantizerBatch(object):
 
     def __init__(self, graph: tf.Graph):
         self._graph = graph
-        self._gdef = graph_pb2.GraphDef()
-        self._ext: Dict[str, tf.Tensor] = {}
-        self._ext_ids: Dict[int, str] = {}
+        self._nodes = node_batch.NodeBatch(graph)
         self._variables: List = []  # (VariableDef, collections)
         self._outputs: List[str] = []
         self._shared: Dict[tuple, str] = {}
         self._shared_scope: Optional[str] = None
         self._taken = set()
 
-    # --- NodeDef helpers ----------------------------------------------------
+    # --- NodeDef helpers (the batch mechanics are qat.node_batch's) ----------
 
     def _external(self, t: tf.Tensor) -> str:
         """A name the GraphDef uses for an existing tensor (input_map key)."""
-        key = id(t)
-        if key not in self._ext_ids:
-            name = "qat_external_%d:0" % len(self._ext_ids)
-            self._ext_ids[key] = name
-            self._ext[name] = t
-        return self._ext_ids[key]
+        return self._nodes.external(t)
 
     def _node(self, name, op, inputs=(), control=(), **attrs) -> str:
-        node = self._gdef.node.add()
-        node.name = name
-        node.op = op
-        node.input.extend(inputs)
-        node.input.extend("^" + c for c in control)
-        for key, value in attrs.items():
-            attr = node.attr[key]
-            if isinstance(value, bool):
-                attr.b = value
-            elif key == "num_bits":
-                attr.i = value
-            elif isinstance(value, bytes):
-                attr.s = value
-            elif isinstance(value, tf.TensorShape):
-                attr.shape.CopyFrom(value.as_proto())
-            elif key == "value":
-                attr.tensor.CopyFrom(value)
-            else:  # dtype, T, Tidx, Tshape: DataType enums.
-                attr.type = value
-        return name
+        return self._nodes.node(name, op, inputs, control=control, **attrs)
 
     def _const(self, name, value, dtype) -> str:
-        return self._node(name, "Const", dtype=dtype.as_datatype_enum,
-                          value=tf.make_tensor_proto(value, dtype))
+        return self._nodes.const(name, value, dtype)
 
     def _shared_const(self, kind: str, value, dtype) -> str:
         """A constant shared by every quantizer of the batch (fewer ops)."""
@@ -390,9 +362,8 @@ class QuantizerBatch(object):
         if not self._outputs:
             return []
         graph = self._graph
+        self._nodes.build()
         with graph.as_default(), graph.control_dependencies(None):
-            tf.graph_util.import_graph_def(self._gdef, input_map=self._ext,
-                                           name="")
             for variable_def, collections in self._variables:
                 var = resource_variable_ops.ResourceVariable(
                     variable_def=variable_def)
