@@ -11,7 +11,8 @@ Each quantizer owns two non-trainable variables `<prefix>/min` and
 `<prefix>/max` (scalars, or vectors of the last dimension when per-channel) in
 GLOBAL_VARIABLES and MOVING_AVERAGE_VARIABLES. In a training graph assign ops
 update them and their results feed the FakeQuant; in an eval graph the same
-FakeQuant op reads the variables and nothing updates them.
+FakeQuant op reads the variables and nothing updates them. Training
+FakeQuants carry the input-only gradient of `qat.fake_quant_gradient`.
 
 The moving average is a plain one, `v -= (1 - decay) * (v - x)`, not the
 zero-debiased one contrib used: zero-debiasing added hidden `.../biased` and
@@ -33,6 +34,7 @@ import tensorflow as tf
 from tensorflow.core.framework import variable_pb2
 from tensorflow.python.ops import resource_variable_ops
 
+from qat import fake_quant_gradient
 from qat import node_batch
 from qat import step_counter
 
@@ -143,6 +145,7 @@ class QuantizerBatch(object):
         self._shared: Dict[tuple, str] = {}
         self._shared_scope: Optional[str] = None
         self._taken = set()
+        self._training_fake_quants: List[str] = []
 
     # --- NodeDef helpers (the batch mechanics are qat.node_batch's) ----------
 
@@ -267,9 +270,13 @@ class QuantizerBatch(object):
             hi = max_var + "/Read/ReadVariableOp"
         fq_type = ("FakeQuantWithMinMaxVarsPerChannel" if spec.per_channel
                    else "FakeQuantWithMinMaxVars")
+        gradient = ({"_gradient_op_type": fake_quant_gradient.GRADIENT_OP_TYPE}
+                    if spec.is_training else {})
         out = self._node(p + "/" + FAKE_QUANT_NAME, fq_type, [x, lo, hi],
                          num_bits=spec.num_bits,
-                         narrow_range=bool(spec.narrow_range))
+                         narrow_range=bool(spec.narrow_range), **gradient)
+        if spec.is_training:
+            self._training_fake_quants.append(out)
         if spec.channel_reshape:
             back = self._const(p + "/Reshape_1/shape",
                                spec.inputs.shape.as_list(), tf.int32)
@@ -362,7 +369,14 @@ class QuantizerBatch(object):
         if not self._outputs:
             return []
         graph = self._graph
-        self._nodes.build()
+        nudge_scope = None
+        if self._training_fake_quants:
+            nudge_scope = self._shared_scope_name() + "/nudged_ranges/"
+        ops = self._nodes.build()
+        if nudge_scope:
+            fake_quant_gradient.precompute_nudged_ranges(
+                [ops[name] for name in self._training_fake_quants],
+                nudge_scope)
         with graph.as_default(), graph.control_dependencies(None):
             for variable_def, collections in self._variables:
                 var = resource_variable_ops.ResourceVariable(

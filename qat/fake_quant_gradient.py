@@ -1,0 +1,142 @@
+"""The training gradient of the quantizers' FakeQuant ops.
+
+TensorFlow's gradient of FakeQuantWithMinMaxVars(PerChannel) is one kernel
+that returns three things: the straight-through gradient of the input (the
+incoming gradient where the input lies inside the nudged range, 0 outside)
+and the gradients of min and max (sums of the incoming gradient below and
+above the range). Our ranges are not learned by gradient descent: they are
+non-trainable variables that the quantizers update by assignment, and the
+FakeQuant reads them after the update, so nothing ever uses the min / max
+gradients. Computing them anyway is not free: the kernel makes three passes
+over the activation, and `Optimizer.minimize` (gate_gradients=GATE_OP) makes
+all outputs of a gradient op run together.
+
+The quantizers of a training graph therefore carry the registered gradient
+`QatFakeQuantInputGrad`, which returns the same input gradient, bit for bit,
+from QuantizeAndDequantizeV4Grad (one pass: the incoming gradient where
+nudged_min <= x <= nudged_max) and no gradient for min and max. The nudged
+range is recomputed from min and max with the float32 arithmetic of
+TensorFlow's FakeQuant kernels. `QuantizerBatch` computes the nudged ranges of
+all its per-tensor quantizers at once, as vectors (a few ops per batch rather
+than twenty per quantizer), and registers them here; the gradient of any
+other FakeQuant carrying the attribute (a copy, a graph re-imported from a
+MetaGraph) computes its own.
+
+A process that calls `tf.gradients` on such a graph must have imported qat
+(the gradient registry is per process), as for any custom gradient.
+"""
+from typing import Dict, Sequence, Tuple
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+GRADIENT_OP_TYPE = "QatFakeQuantInputGrad"
+
+# graph -> {FakeQuant op name: (nudged min, nudged max)}.
+_NUDGED_RANGES: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, Tuple[tf.Tensor, tf.Tensor]]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def quant_bounds(num_bits: int, narrow_range: bool) -> Tuple[float, float]:
+    """The integer grid [quant_min, quant_max] of a FakeQuant, as floats."""
+    return (1.0 if narrow_range else 0.0), float((1 << num_bits) - 1)
+
+
+def nudged_range(min_value: tf.Tensor, max_value: tf.Tensor, quant_min,
+                 quant_max) -> Tuple[tf.Tensor, tf.Tensor]:
+    """The range FakeQuant really uses: `min`/`max` moved so 0 is on the grid.
+
+    Mirrors `Nudge` in tensorflow/core/kernels/fake_quant_ops_functor.h step by
+    step, so the results are the kernels' float32 values exactly. Where min and
+    max are both 0 the kernels pass every gradient through, so the range
+    returned there is (-inf, inf).
+
+    Args:
+      min_value: min, a float32 scalar or vector.
+      max_value: max, same shape.
+      quant_min: the grid's lower end (`quant_bounds`), a float or a float32
+        array broadcastable to min_value.
+      quant_max: the grid's upper end, likewise.
+
+    Returns:
+      (nudged_min, nudged_max), shaped like the inputs.
+    """
+    quant_min = tf.constant(quant_min, tf.float32)
+    quant_max = tf.constant(quant_max, tf.float32)
+    # DivNoNan divides exactly like RealDiv here (the divisor is not 0), but
+    # Grappler's constant folding does not turn it into a multiplication by
+    # the rounded reciprocal, as it does for a division by a constant.
+    scale = tf.math.divide_no_nan(max_value - min_value, quant_max - quant_min)
+    zero_point_from_min = quant_min - min_value / scale
+    # std::round (halves away from zero) of a clamped value: rounding is
+    # monotonic and the bounds are integers, so clamping after rounding is
+    # the same; tf.round would round halves to even.
+    floor = tf.floor(zero_point_from_min)
+    rounded = floor + tf.cast(zero_point_from_min - floor >= 0.5, tf.float32)
+    zero_point = tf.minimum(tf.maximum(rounded, quant_min), quant_max)
+    nudged_min = (quant_min - zero_point) * scale
+    nudged_max = (quant_max - zero_point) * scale
+    both_zero = tf.logical_and(tf.equal(min_value, 0.0),
+                               tf.equal(max_value, 0.0))
+    return (tf.where(both_zero, -np.inf, nudged_min),
+            tf.where(both_zero, np.inf, nudged_max))
+
+
+def precompute_nudged_ranges(fake_quant_ops: Sequence[tf.Operation],
+                             scope: str = "nudged_ranges/") -> None:
+    """Computes the nudged ranges of per-tensor FakeQuant ops as two vectors.
+
+    The gradients of these ops then read their entries instead of building
+    the nudge for each op. Per-channel ops are left to the gradient.
+
+    Args:
+      fake_quant_ops: FakeQuantWithMinMaxVars ops of one graph, with scalar
+        min and max (others are ignored).
+      scope: name scope of the new ops (absolute when it ends with "/").
+    """
+    ops = [op for op in fake_quant_ops
+           if op.type == "FakeQuantWithMinMaxVars"
+           and op.inputs[1].shape.rank == 0 and op.inputs[2].shape.rank == 0]
+    if not ops:
+        return
+    graph = ops[0].graph
+    bounds = np.array([quant_bounds(op.get_attr("num_bits"),
+                                    op.get_attr("narrow_range"))
+                       for op in ops], np.float32)
+    with graph.as_default(), graph.control_dependencies(None), \
+            tf.compat.v1.name_scope(scope):
+        lo, hi = nudged_range(tf.stack([op.inputs[1] for op in ops]),
+                              tf.stack([op.inputs[2] for op in ops]),
+                              bounds[:, 0], bounds[:, 1])
+        pairs = zip(tf.unstack(lo), tf.unstack(hi))
+    known = _NUDGED_RANGES.setdefault(graph, {})
+    for op, pair in zip(ops, pairs):
+        known[op.name] = pair
+
+
+def _fake_quant_input_grad(op: tf.Operation, grad: tf.Tensor):
+    """Straight-through gradient of the input; none for min and max."""
+    inputs, min_value, max_value = op.inputs
+    known = _NUDGED_RANGES.get(op.graph, {}).get(op.name)
+    if known is not None:
+        lo, hi = known
+    else:
+        lo, hi = nudged_range(min_value, max_value, *quant_bounds(
+            op.get_attr("num_bits"), op.get_attr("narrow_range")))
+    axis = -1
+    if op.type == "FakeQuantWithMinMaxVarsPerChannel":
+        if inputs.shape.rank is None:
+            raise ValueError(
+                f"The gradient of '{op.name}' needs its input's rank.")
+        axis = inputs.shape.rank - 1
+    input_grad = tf.raw_ops.QuantizeAndDequantizeV4Grad(
+        gradients=grad, input=inputs, input_min=lo, input_max=hi,
+        axis=axis).input_backprop
+    return input_grad, None, None
+
+
+try:
+    tf.RegisterGradient(GRADIENT_OP_TYPE)(_fake_quant_input_grad)
+except KeyError:  # Module re-imported (e.g. importlib.reload): already there.
+    pass

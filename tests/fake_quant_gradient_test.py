@@ -1,0 +1,233 @@
+"""The quantizers' FakeQuant gradient equals TensorFlow's, bit for bit.
+
+qat.fake_quant_gradient replaces the input gradient of FakeQuant ops in
+training graphs by a one-pass kernel over a recomputed nudged range; these
+tests compare it with FakeQuantWithMinMaxVars(PerChannel)Gradient on random
+ranges and on inputs placed exactly at the nudged bounds and one float step
+either side, through the batched (precomputed) and the per-op path.
+"""
+import numpy as np
+import tensorflow as tf
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from qat import fake_quant_gradient
+from qat import graph_editor as ge
+from qat import quant_ops
+
+tf.compat.v1.disable_eager_execution()
+
+_CHANNELS = 6
+_ROWS = 40
+
+
+def _random_range(rng, shape):
+    """A min <= 0 <= max pair, sometimes [0, 0], -0.0 or a one-sided range."""
+    lo = -rng.exponential(1.0, shape) * (rng.rand(*shape) < 0.8)
+    hi = rng.exponential(3.0, shape) * (rng.rand(*shape) < 0.9)
+    if rng.rand() < 0.1:
+        lo, hi = np.zeros(shape), np.zeros(shape)
+    if rng.rand() < 0.1:
+        lo = -np.zeros(shape)
+    return lo.astype(np.float32), hi.astype(np.float32)
+
+
+def _inputs_at_bounds(rng, lo, hi):
+    """Random inputs plus each bound and its neighbouring floats."""
+    x = rng.uniform(-8, 8, [_ROWS, _CHANNELS]).astype(np.float32)
+    lo = np.broadcast_to(lo, [_CHANNELS])
+    hi = np.broadcast_to(hi, [_CHANNELS])
+    for c in range(_CHANNELS):
+        for k, bound in enumerate((lo[c], hi[c])):
+            if np.isfinite(bound):
+                x[3 * k:3 * k + 3, c] = [np.nextafter(bound, -np.inf), bound,
+                                         np.nextafter(bound, np.inf)]
+    return x
+
+
+def _reference_grad(op, grad):
+    """TensorFlow's own FakeQuant gradient of the input."""
+    kwargs = dict(gradients=grad, inputs=op.inputs[0], min=op.inputs[1],
+                  max=op.inputs[2], num_bits=op.get_attr("num_bits"),
+                  narrow_range=op.get_attr("narrow_range"))
+    if op.type == "FakeQuantWithMinMaxVarsPerChannel":
+        return tf.raw_ops.FakeQuantWithMinMaxVarsPerChannelGradient(
+            **kwargs).backprops_wrt_input
+    return tf.raw_ops.FakeQuantWithMinMaxVarsGradient(
+        **kwargs).backprops_wrt_input
+
+
+class NudgedRangeTest(parameterized.TestCase):
+
+    def _assert_gradients_match(self, cases, per_channel, rng):
+        """Builds one FakeQuant per (lo, hi, num_bits, narrow) case and
+        compares its gradient with TensorFlow's at the nudged bounds.
+
+        Many ops in one graph: the per-tensor ones go through the batched
+        nudge, the per-channel ones through the per-op nudge; Grappler is on,
+        as in training.
+        """
+        g = tf.Graph()
+        built = []
+        with g.as_default():
+            for i, (lo, hi, num_bits, narrow) in enumerate(cases):
+                lo_t = tf.compat.v1.placeholder_with_default(lo, lo.shape)
+                hi_t = tf.compat.v1.placeholder_with_default(hi, hi.shape)
+                x = tf.compat.v1.placeholder(tf.float32, [_ROWS, _CHANNELS])
+                dy = tf.compat.v1.placeholder(tf.float32, [_ROWS, _CHANNELS])
+                make = (tf.raw_ops.FakeQuantWithMinMaxVarsPerChannel
+                        if per_channel else tf.raw_ops.FakeQuantWithMinMaxVars)
+                y = make(inputs=x, min=lo_t, max=hi_t, num_bits=num_bits,
+                         narrow_range=narrow, name="fq_%d" % i)
+                y.op._set_attr("_gradient_op_type", tf.compat.v1.AttrValue(
+                    s=fake_quant_gradient.GRADIENT_OP_TYPE.encode()))
+                built.append((y, x, dy))
+            fake_quant_gradient.precompute_nudged_ranges(
+                [y.op for y, _, _ in built])
+            nudged = [fake_quant_gradient.nudged_range(
+                tf.constant(lo), tf.constant(hi),
+                *fake_quant_gradient.quant_bounds(bits, narrow))
+                for lo, hi, bits, narrow in cases]
+            ours = [tf.gradients(y, x, grad_ys=dy)[0] for y, x, dy in built]
+            theirs = [_reference_grad(y.op, dy) for y, _, dy in built]
+            with tf.compat.v1.Session() as sess:
+                bounds = sess.run(nudged)
+                feed = {}
+                for (_, x, dy), (nlo, nhi) in zip(built, bounds):
+                    feed[x] = _inputs_at_bounds(rng, nlo, nhi)
+                    feed[dy] = rng.normal(size=[_ROWS, _CHANNELS]).astype(
+                        np.float32)
+                got, want = sess.run([ours, theirs], feed)
+        for i, (a, b) in enumerate(zip(got, want)):
+            np.testing.assert_array_equal(a, b, err_msg="case %d: %r" % (
+                i, cases[i]))
+
+    @parameterized.parameters((False,), (True,))
+    def test_gradient_matches_tensorflow_at_the_bounds(self, per_channel):
+        rng = np.random.RandomState(3)
+        cases = []
+        for _ in range(120):
+            num_bits = int(rng.choice([2, 4, 7, 8, 16]))
+            narrow = bool(rng.rand() < 0.5)
+            lo, hi = _random_range(rng, [_CHANNELS] if per_channel else [])
+            cases.append((lo, hi, num_bits, narrow))
+        self._assert_gradients_match(cases, per_channel, rng)
+
+    @parameterized.parameters((False,), (True,))
+    def test_zero_point_halves_round_away_from_zero(self, per_channel):
+        # min = -(k + 1/2) steps of 1/64: the zero point is exactly k + 1/2,
+        # which the kernels round up (tf.round would round 0.5 and 2.5 down).
+        shape = [_CHANNELS] if per_channel else []
+        cases = []
+        for k in range(4):
+            lo = np.full(shape, -(k + 0.5) / 64, np.float32)
+            hi = np.full(shape, (255 - k - 0.5) / 64, np.float32)
+            cases.append((lo, hi, 8, False))
+        self._assert_gradients_match(cases, per_channel,
+                                     np.random.RandomState(5))
+
+    def test_both_zero_passes_every_gradient(self):
+        g = tf.Graph()
+        with g.as_default():
+            lo, hi = fake_quant_gradient.nudged_range(
+                tf.constant([0.0, -0.0, -1.0]), tf.constant([0.0, 0.0, 0.0]),
+                0.0, 255.0)
+            with tf.compat.v1.Session() as sess:
+                lo, hi = sess.run([lo, hi])
+        np.testing.assert_array_equal(lo[:2], [-np.inf, -np.inf])
+        np.testing.assert_array_equal(hi[:2], [np.inf, np.inf])
+        self.assertEqual((lo[2], hi[2]), (-1.0, 0.0))
+
+
+class QuantizerGradientTest(absltest.TestCase):
+
+    def _quantizers(self, is_training=True):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [_ROWS, _CHANNELS],
+                                         name="x")
+            batch = quant_ops.QuantizerBatch(g)
+            specs = [
+                quant_ops.QuantizerSpec(x, "w/weights_quant", False,
+                                        is_training, narrow_range=True),
+                quant_ops.QuantizerSpec(x, "a/act_quant", True, is_training),
+                quant_ops.QuantizerSpec(x, "s/act_quant", True, is_training,
+                                        symmetric=True, num_bits=4),
+                quant_ops.QuantizerSpec(x, "c/weights_quant", False,
+                                        is_training, per_channel=True),
+            ]
+            for spec in specs:
+                batch.add(spec)
+            outputs = batch.build()
+        return g, x, outputs
+
+    def test_training_gradient_equals_tensorflow_gradient(self):
+        g, x, outputs = self._quantizers()
+        rng = np.random.RandomState(0)
+        with g.as_default():
+            dys = [tf.constant(rng.normal(size=[_ROWS, _CHANNELS]).astype(
+                np.float32)) for _ in outputs]
+            ours = [tf.gradients(y, x, grad_ys=dy)[0]
+                    for y, dy in zip(outputs, dys)]
+            theirs = [_reference_grad(y.op, dy) for y, dy in zip(outputs, dys)]
+            data = rng.uniform(-3, 5, [_ROWS, _CHANNELS]).astype(np.float32)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for _ in range(3):  # The EMA ranges move between runs.
+                    got, want = sess.run([ours, theirs], {x: data})
+                    for a, b in zip(got, want):
+                        np.testing.assert_array_equal(a, b)
+                    data = data * 1.7 - 0.4
+
+    def test_batched_nudge_serves_the_per_tensor_quantizers(self):
+        g, x, outputs = self._quantizers()
+        with g.as_default():
+            grads = [tf.gradients(y, x)[0] for y in outputs]
+        for y, grad in zip(outputs, grads):
+            self.assertEqual(grad.op.type, "QuantizeAndDequantizeV4Grad")
+            source = grad.op.inputs[2].op
+            if y.op.type == "FakeQuantWithMinMaxVars":
+                self.assertEqual(source.type, "Unpack")
+                self.assertStartsWith(source.name, "quant_constants/")
+            else:
+                self.assertNotEqual(source.type, "Unpack")
+
+    def test_ranges_get_no_gradient_and_no_three_output_kernel(self):
+        g, x, outputs = self._quantizers()
+        with g.as_default():
+            ranges = [y.op.inputs[1] for y in outputs]
+            self.assertEqual(tf.gradients(outputs, ranges), [None] * 4)
+            tf.gradients(outputs, x)
+        types = {op.type for op in g.get_operations()}
+        self.assertNotIn("FakeQuantWithMinMaxVarsGradient", types)
+        self.assertNotIn("FakeQuantWithMinMaxVarsPerChannelGradient", types)
+
+    def test_copied_quantizer_computes_its_own_nudge(self):
+        g, x, outputs = self._quantizers()
+        with g.as_default():
+            ops = ge.get_forward_walk_ops([x.op], inclusive=False)
+            _, info = ge.copy_with_input_replacements(ops, {})
+            copies = [info.transformed(y) for y in outputs]
+            dys = [tf.ones_like(c) * 0.5 for c in copies]
+            ours = [tf.gradients(c, x, grad_ys=dy)[0]
+                    for c, dy in zip(copies, dys)]
+            theirs = [_reference_grad(c.op, dy) for c, dy in zip(copies, dys)]
+            for grad in ours:
+                self.assertNotEqual(grad.op.inputs[2].op.type, "Unpack")
+            data = np.linspace(-4, 6, _ROWS * _CHANNELS, dtype=np.float32)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                got, want = sess.run([ours, theirs],
+                                     {x: data.reshape(_ROWS, _CHANNELS)})
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+    def test_eval_quantizers_keep_tensorflows_gradient(self):
+        _, _, outputs = self._quantizers(is_training=False)
+        for y in outputs:
+            with self.assertRaises(ValueError):
+                y.op.get_attr("_gradient_op_type")
+
+
+if __name__ == "__main__":
+    absltest.main()
