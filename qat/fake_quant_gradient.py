@@ -32,9 +32,10 @@ import numpy as np
 import tensorflow as tf
 
 GRADIENT_OP_TYPE = "QatFakeQuantInputGrad"
+DELAYED_GRADIENT_OP_TYPE = "QatDelayedQuantGrad"
 
 # graph -> {FakeQuant op name: (nudged min, nudged max)}.
-_NUDGED_RANGES: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, Tuple[tf.Tensor, tf.Tensor]]]" = (
+_NUDGED_RANGES: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, tuple]]" = (
     weakref.WeakKeyDictionary())
 
 
@@ -115,28 +116,61 @@ def precompute_nudged_ranges(fake_quant_ops: Sequence[tf.Operation],
         known[op.name] = pair
 
 
-def _fake_quant_input_grad(op: tf.Operation, grad: tf.Tensor):
-    """Straight-through gradient of the input; none for min and max."""
-    inputs, min_value, max_value = op.inputs
+def _nudged_range_of(op: tf.Operation) -> Tuple[tf.Tensor, tf.Tensor]:
     known = _NUDGED_RANGES.get(op.graph, {}).get(op.name)
     if known is not None:
-        lo, hi = known
-    else:
-        lo, hi = nudged_range(min_value, max_value, *quant_bounds(
-            op.get_attr("num_bits"), op.get_attr("narrow_range")))
+        return known
+    return nudged_range(op.inputs[1], op.inputs[2], *quant_bounds(
+        op.get_attr("num_bits"), op.get_attr("narrow_range")))
+
+
+def _masked_grad(op: tf.Operation, grad: tf.Tensor, lo: tf.Tensor,
+                 hi: tf.Tensor) -> tf.Tensor:
+    """`grad` where lo <= op's input <= hi (per channel for per-channel ops)."""
+    inputs = op.inputs[0]
     axis = -1
     if op.type == "FakeQuantWithMinMaxVarsPerChannel":
         if inputs.shape.rank is None:
             raise ValueError(
                 f"The gradient of '{op.name}' needs its input's rank.")
         axis = inputs.shape.rank - 1
-    input_grad = tf.raw_ops.QuantizeAndDequantizeV4Grad(
+    return tf.raw_ops.QuantizeAndDequantizeV4Grad(
         gradients=grad, input=inputs, input_min=lo, input_max=hi,
         axis=axis).input_backprop
-    return input_grad, None, None
 
 
-try:
-    tf.RegisterGradient(GRADIENT_OP_TYPE)(_fake_quant_input_grad)
-except KeyError:  # Module re-imported (e.g. importlib.reload): already there.
-    pass
+def _fake_quant_input_grad(op: tf.Operation, grad: tf.Tensor):
+    """Straight-through gradient of the input; none for min and max."""
+    return (_masked_grad(op, grad, *_nudged_range_of(op)), None, None)
+
+
+def _delayed_quant_grad(op: tf.Operation, grad: tf.Tensor):
+    """Gradient of `Select(active, FakeQuant(x), x)`, a delayed quantizer.
+
+    Before the delay x gets `grad`, after it the straight-through gradient:
+    one masked pass over the range (-inf, inf) or the nudged range, all of
+    it credited to x (the FakeQuant branch gets none, so its own gradient
+    never runs). TensorFlow's Select gradient would instead build zeros and
+    two selects, then the FakeQuant gradient and a sum. Any other Select
+    carrying this gradient gets the incoming gradient times the scalar
+    condition and its complement.
+    """
+    active, quantized, inputs = op.inputs
+    fake_quant = quantized.op
+    if (fake_quant.type in ("FakeQuantWithMinMaxVars",
+                            "FakeQuantWithMinMaxVarsPerChannel")
+            and fake_quant.inputs[0].name == inputs.name):
+        lo, hi = _nudged_range_of(fake_quant)
+        lo = tf.where(active, lo, -np.inf)
+        hi = tf.where(active, hi, np.inf)
+        return None, None, _masked_grad(fake_quant, grad, lo, hi)
+    chosen = tf.cast(active, grad.dtype)
+    return None, grad * chosen, grad * (1.0 - chosen)
+
+
+for _name, _function in ((GRADIENT_OP_TYPE, _fake_quant_input_grad),
+                         (DELAYED_GRADIENT_OP_TYPE, _delayed_quant_grad)):
+    try:
+        tf.RegisterGradient(_name)(_function)
+    except KeyError:  # Module re-imported (importlib.reload): already there.
+        pass

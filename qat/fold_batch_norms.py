@@ -57,12 +57,10 @@ one:
 
   The quantize pass walks this tail to the activation or residual add as in
   an unfolded graph. `FoldedLayer.output` is the batch norm's output;
-  `bias_add` and `frozen` are None. Nothing activation-sized is added. Step
-  time (tools/bench_train_step.py --steps=30, MobileNetV2 96x96, batch 16,
-  2-core CPU, float / QAT / folded interleaved in one run; 2026-11-21, load
-  ~1): QAT/float 1.299, 1.290, 1.273, 1.251 (folded only 1.074, 1.088,
-  1.032, 1.012); the former y * 1/s on the activations, run alternately
-  with these: 1.345, 1.363, 1.346 (folded only 1.082, 1.093, 1.120).
+  `bias_add` and `frozen` are None. Nothing activation-sized is added.
+  Measured side by side (tools/bench_train_step.py, MobileNetV2 96x96,
+  batch 16, 2-core CPU, TensorFlow's FakeQuant gradient then): QAT/float
+  1.25-1.30 with 1/s on the weights, 1.35-1.36 with it on the activations.
 
 With a freeze delay the tail chooses between the batch norm and the folded
 output y * s + b_fold = layer(x, fq(w*s)) + b_fold:
@@ -70,7 +68,7 @@ output y * s + b_fold = layer(x, fq(w*s)) + b_fold:
     y -> ... -> ORIGINAL batch norm = bn_out
     y -> Mul(y, s) "<ctx>/rescale_fold" -> BiasAdd(b_fold) "<ctx>/BiasAdd_Fold"
         [-> Reshape "<ctx>/Reshape_Fold"] = folded (moving statistics)
-    SelectV2(frozen, folded, bn_out) "<ctx>/select_fold"
+    Select(frozen, folded, bn_out) "<ctx>/select_fold"
         -> the batch norm's former consumers
 
   `frozen` is `fake_quantization_step > freeze_batch_norm_delay` (the shared
@@ -85,14 +83,16 @@ output y * s + b_fold = layer(x, fq(w*s)) + b_fold:
   so 1/s (and the s of rescale_fold) is under stop_gradient and mul_fold
   uses s_w = `where(frozen, s, stop_gradient(s))` ("<ctx>/scale_fold/select";
   just stop_gradient(s) without a delay): after the freeze gamma and beta
-  learn through w*s and b_fold, as in contrib. The SelectV2 has a cheaper
+  learn through w*s and b_fold, as in contrib. select_fold is TF1's Select,
+  whose kernel just forwards the chosen input for a scalar condition
+  (SelectV2 broadcasts and copies, ~4x a multiply); it has a cheaper
   registered gradient ("QatFoldSelect": the incoming gradient times frozen /
   1 - frozen). A graph re-imported in a process that builds its gradients
   needs `qat.fold_batch_norms` imported (it registers that gradient).
 
-  Step time: the SelectV2 and the rescale_fold / BiasAdd_Fold it needs run
-  on every activation even before the freeze. `use_cond=True` replaces the
-  SelectV2 by a functional cond "<ctx>/select_fold" (a StatelessIf with
+  Step time: the rescale_fold / BiasAdd_Fold that the Select needs run on
+  every activation even before the freeze. `use_cond=True` replaces the
+  Select by a functional cond "<ctx>/select_fold" (a StatelessIf with
   inputs frozen, y, b_fold, s, bn_out; true branch rescale_fold ->
   BiasAdd_Fold [-> Reshape_Fold], false branch Identity), so only one branch
   runs; the tail is then layer [-> BatchToSpaceND] -> If -> Identity
@@ -178,8 +178,8 @@ _CONSTANTS_SCOPE = "fold_batch_norms/constants/"
 def _fold_select_grad(op: tf.Operation, grad: tf.Tensor):
     """Gradient of select_fold: its branches have the output's shape.
 
-    Scaling by the scalar condition is cheaper than SelectV2's generic
-    gradient (zeros_like, two selects and broadcast reductions).
+    Scaling by the scalar condition is cheaper than Select's generic
+    gradient (zeros_like and two selects).
     """
     chosen = tf.cast(op.inputs[0], grad.dtype)
     return None, grad * chosen, grad * (1.0 - chosen)
@@ -363,7 +363,7 @@ def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optiona
                                 [ext(plan.layer_output), activation_layout(inverse)], T=dtype)
     if plan.training and frozen is not None and not use_cond:
         emitted.select = batch.node(
-            batch.unique_name(prefix + "select_fold"), "SelectV2",
+            batch.unique_name(prefix + "select_fold"), "Select",
             [ext(frozen), emitted.folded, ext(bn.output)], device=bn.op.device, T=dtype,
             _gradient_op_type=_SELECT_GRADIENT)
     return emitted
@@ -457,7 +457,7 @@ def fold_batch_norms(graph: Optional[tf.Graph] = None,
         consumers then keep reading them: no select is built).
       use_cond: training structure with a freeze delay only: choose between
         the batch-norm and the folded output with a functional `tf.cond` (an
-        If op whose true branch holds BiasAdd_Fold) instead of a SelectV2, so
+        If op whose true branch holds BiasAdd_Fold) instead of a Select, so
         only one branch runs (measured ~1.1x instead of ~1.35-1.45x float
         training step time on MobileNetV2, CPU, tools/bench_fold.py
         --step_time_steps). Without a delay there is nothing to choose and

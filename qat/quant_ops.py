@@ -270,11 +270,11 @@ class QuantizerBatch(object):
             hi = max_var + "/Read/ReadVariableOp"
         fq_type = ("FakeQuantWithMinMaxVarsPerChannel" if spec.per_channel
                    else "FakeQuantWithMinMaxVars")
-        gradient = ({"_gradient_op_type": fake_quant_gradient.GRADIENT_OP_TYPE}
-                    if spec.is_training else {})
         out = self._node(p + "/" + FAKE_QUANT_NAME, fq_type, [x, lo, hi],
                          num_bits=spec.num_bits,
-                         narrow_range=bool(spec.narrow_range), **gradient)
+                         narrow_range=bool(spec.narrow_range),
+                         **_gradient_attr(
+                             spec, fake_quant_gradient.GRADIENT_OP_TYPE))
         if spec.is_training:
             self._training_fake_quants.append(out)
         if spec.channel_reshape:
@@ -286,9 +286,13 @@ class QuantizerBatch(object):
             if step is None:
                 raise ValueError("quant_delay needs the quantization step.")
             active = self._activation_condition(step, spec.quant_delay)
-            out = self._node(p + "/delayed_quant", "SelectV2",
+            gradient = _gradient_attr(
+                spec, fake_quant_gradient.DELAYED_GRADIENT_OP_TYPE)
+            # TF1's Select: for a scalar condition its kernel forwards the
+            # chosen input; SelectV2 broadcasts and copies it.
+            out = self._node(p + "/delayed_quant", "Select",
                              [active, out, self._external(spec.inputs)],
-                             T=_FLOAT)
+                             T=_FLOAT, **gradient)
         self._outputs.append(out + ":0")
         return len(self._outputs) - 1
 
@@ -384,6 +388,11 @@ class QuantizerBatch(object):
                 for c in collections:
                     graph.add_to_collection(c, var)
         return [graph.get_tensor_by_name(name) for name in self._outputs]
+
+
+def _gradient_attr(spec: QuantizerSpec, gradient_op_type: str) -> dict:
+    """The registered-gradient attribute of a training quantizer's op."""
+    return {"_gradient_op_type": gradient_op_type} if spec.is_training else {}
 
 
 def _single(spec: QuantizerSpec) -> tf.Tensor:
@@ -503,9 +512,16 @@ def delay_quantization(quantized: tf.Tensor, inputs: tf.Tensor,
         return quantized
     graph = quantized.graph
     step = step_counter.get_or_create_quantization_step(graph)
-    with graph.as_default(), graph.control_dependencies(None):
+    try:
+        quantized.op.get_attr("_gradient_op_type")
+        override = {"Select": fake_quant_gradient.DELAYED_GRADIENT_OP_TYPE}
+    except ValueError:  # Not a training quantizer: TensorFlow's gradient.
+        override = {}
+    with graph.as_default(), graph.control_dependencies(None), \
+            graph.gradient_override_map(override):
         with graph.name_scope(prefix + "/"):
             active = tf.greater_equal(
                 step, tf.constant(int(quant_delay), tf.int64),
                 name="activate_quant")
-            return tf.where(active, quantized, inputs, name="delayed_quant")
+            return tf.compat.v1.where(active, quantized, inputs,
+                                      name="delayed_quant")

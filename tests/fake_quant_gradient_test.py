@@ -14,6 +14,7 @@ from absl.testing import parameterized
 from qat import fake_quant_gradient
 from qat import graph_editor as ge
 from qat import quant_ops
+from qat import step_counter
 
 tf.compat.v1.disable_eager_execution()
 
@@ -227,6 +228,84 @@ class QuantizerGradientTest(absltest.TestCase):
         for y in outputs:
             with self.assertRaises(ValueError):
                 y.op.get_attr("_gradient_op_type")
+
+
+class DelayedQuantizerGradientTest(absltest.TestCase):
+    """Select(step >= delay, FakeQuant(x), x): the gradient of x is the
+    incoming one before the delay and the straight-through one after."""
+
+    def _check(self, make_outputs):
+        g = tf.Graph()
+        rng = np.random.RandomState(1)
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [4, 3, 2, _CHANNELS],
+                                         name="x")
+            outputs = make_outputs(g, x)
+            dys = [tf.constant(rng.normal(size=[4, 3, 2, _CHANNELS]).astype(
+                np.float32)) for _ in outputs]
+            ours, theirs = [], []
+            for y, dy in zip(outputs, dys):
+                select = y.op
+                self.assertEqual(select.type, "Select")
+                ours.append(tf.gradients(y, x, grad_ys=dy)[0])
+                fake_quant = select.inputs[1].op
+                while not fake_quant.type.startswith("FakeQuant"):
+                    fake_quant = fake_quant.inputs[0].op  # Reshape_1.
+                reference = tf.reshape(_reference_grad(
+                    fake_quant, tf.reshape(dy, fake_quant.inputs[0].shape)),
+                    x.shape)
+                theirs.append(tf.compat.v1.where(select.inputs[0], reference,
+                                                 dy))
+            # Beyond the initial [-6, 6] of the moving averages too.
+            data = rng.uniform(-9, 9, [4, 3, 2, _CHANNELS]).astype(np.float32)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                seen = set()
+                for _ in range(4):  # The delay (2) is reached on the way.
+                    got, want, active = sess.run(
+                        [ours, theirs, outputs[0].op.inputs[0]], {x: data})
+                    seen.add(bool(active))
+                    for a, b in zip(got, want):
+                        np.testing.assert_array_equal(a, b)
+            self.assertEqual(seen, {False, True})
+        return g, outputs, ours
+
+    def test_batch_quantizers(self):
+        def make(g, x):
+            step = step_counter.get_or_create_quantization_step(g)
+            batch = quant_ops.QuantizerBatch(g)
+            for spec in [
+                    quant_ops.QuantizerSpec(x, "a/act_quant", True,
+                                            quant_delay=2),
+                    quant_ops.QuantizerSpec(x, "w/weights_quant", False,
+                                            narrow_range=True, quant_delay=2),
+                    quant_ops.QuantizerSpec(x, "c/weights_quant", False,
+                                            per_channel=True, quant_delay=2),
+                    # A depthwise filter: per-channel through a reshape.
+                    quant_ops.QuantizerSpec(
+                        x, "d/weights_quant", False, per_channel=True,
+                        channel_reshape=[4, 3, 2 * _CHANNELS], quant_delay=2),
+            ]:
+                batch.add(spec, step)
+            return batch.build()
+
+        _, outputs, grads = self._check(make)
+        for y, grad in zip(outputs[:3], grads[:3]):
+            # One masked pass straight to x; the FakeQuant's own gradient
+            # never runs.
+            self.assertEqual(grad.op.type, "QuantizeAndDequantizeV4Grad")
+            self.assertIs(grad.op.inputs[1], y.op.inputs[2])
+
+    def test_delay_quantization_function(self):
+        def make(g, x):
+            del g
+            q = quant_ops.moving_avg_quantize(x, "l/act_quant")
+            return [quant_ops.delay_quantization(q, x, 2, "l/act_quant")]
+
+        _, outputs, grads = self._check(make)
+        self.assertEqual(outputs[0].op.get_attr("_gradient_op_type"),
+                         fake_quant_gradient.DELAYED_GRADIENT_OP_TYPE.encode())
+        self.assertEqual(grads[0].op.type, "QuantizeAndDequantizeV4Grad")
 
 
 if __name__ == "__main__":

@@ -165,7 +165,7 @@ _CASES = [
     ("matmul", "unfused"),
 ]
 _PARAMS = [("%s_%s" % case, case[0], case[1]) for case in _CASES]
-# Training tests: every case with the SelectV2 tail, some with the cond tail.
+# Training tests: every case with the Select tail, some with the cond tail.
 _COND_CASES = [("conv", "fused"), ("conv_bias", "unfused"), ("depthwise", "unfused"),
                ("atrous", "fused"), ("matmul", "fused"), ("conv", "v1_fused")]
 _TRAIN_PARAMS = ([(name, layer, bn, False) for name, layer, bn in _PARAMS]
@@ -319,8 +319,8 @@ class FoldStructureTest(tf.test.TestCase):
         self.assertEqual(rescale.inputs[1].op.type, "StopGradient")
         self.assertEqual(folded.bias_add.name, "BiasAdd_Fold")
         self.assertIs(folded.bias_add.inputs[0], rescale.outputs[0])
-        self.assertEqual([c.type for c in folded.bias_add.outputs[0].consumers()], ["SelectV2"])
-        self.assertEqual(folded.output.op.type, "SelectV2")
+        self.assertEqual([c.type for c in folded.bias_add.outputs[0].consumers()], ["Select"])
+        self.assertEqual(folded.output.op.type, "Select")
         self.assertEqual(out.op.inputs[0].op, folded.output.op)
 
     def test_training_tail_structure_without_delay(self):
@@ -341,7 +341,7 @@ class FoldStructureTest(tf.test.TestCase):
             self.assertIs(folded.output, bn_op.outputs[0])
             self.assertIs(out.op.inputs[0], folded.output)
             types = {op.type for op in g.get_operations()}
-            self.assertNoCommonElements(types, {"SelectV2", "If", "StatelessIf"})
+            self.assertNoCommonElements(types, {"Select", "SelectV2", "If", "StatelessIf"})
             self.assertEmpty([op.name for op in g.get_operations()
                               if "_Fold" in op.name or "select_fold" in op.name])
 

@@ -109,13 +109,23 @@ def _output(fq_op):
     """The tensor consumers read from a quantizer: its delay Select, if any."""
     out = fq_op.outputs[0]
     for c in out.consumers():
-        if c.type == "SelectV2" and c.name.endswith("/delayed_quant"):
+        if c.type == "Select" and c.name.endswith("/delayed_quant"):
             return c.outputs[0]
     return out
 
 
 class GridChecks(object):
     """Mixin for an absltest/parameterized TestCase: `check_case(...)`."""
+
+    def _check_gradient(self, op, training, gradient_op_type):
+        """Training quantizers carry qat's registered gradient, eval ones
+        TensorFlow's."""
+        if training:
+            self.assertEqual(op.get_attr("_gradient_op_type"),
+                             gradient_op_type.encode(), op.name)
+        else:
+            with self.assertRaises(ValueError, msg=op.name):
+                op.get_attr("_gradient_op_type")
 
     def check_case(self, activation, residual, delay, variables, scope, layer,
                    batch_norm, mode):
@@ -151,6 +161,7 @@ class GridChecks(object):
             if input_tensor is not None:
                 self.assertIs(fq.inputs[0], input_tensor, prefix)
             self.assertEqual(fq.get_attr("narrow_range"), narrow, prefix)
+            self._check_gradient(fq, training, "QatFakeQuantInputGrad")
             out = _output(fq)
             self.assertEqual({c.name for c in out.consumers()},
                              {c.name for c in consumers}, prefix)
@@ -169,7 +180,8 @@ class GridChecks(object):
                          if c.type.startswith("Assign")], ["AssignVariableOp"])
             if delay:
                 select = out.op
-                self.assertEqual(select.type, "SelectV2", prefix)
+                self.assertEqual(select.type, "Select", prefix)
+                self._check_gradient(select, training, "QatDelayedQuantGrad")
                 self.assertIs(select.inputs[1], fq.outputs[0])
                 self.assertIs(select.inputs[2], fq.inputs[0])
                 cond = select.inputs[0].op

@@ -27,7 +27,7 @@ flags.DEFINE_integer("repeats", 1, "Fresh graphs folded per model and mode (medi
 flags.DEFINE_integer("batch_size", 2, "Batch dimension of the input placeholder.")
 flags.DEFINE_integer("step_time_steps", 0,
                      "If > 0: also time this many SGD training steps (batch --step_batch_size) "
-                     "of the float graph and of the training-folded graphs (SelectV2 tail and "
+                     "of the float graph and of the training-folded graphs (Select tail and "
                      "use_cond tail), alternating, and print the folded/float step-time ratios.")
 flags.DEFINE_integer("step_batch_size", 8, "Batch size of the step-time measurement.")
 
@@ -137,7 +137,7 @@ def _step_time(name: str, fold_fn) -> None:
                                  minimums["folded_cond"],
                                  minimums["folded"] / minimums["float"],
                                  minimums["folded_cond"] / minimums["float"]))
-    print("%s training step (batch %d), median of %d: float %.4f s, folded (SelectV2) "
+    print("%s training step (batch %d), median of %d: float %.4f s, folded (Select) "
           "%.4f s, folded (use_cond) %.4f s; folded/float = %.3f, folded_cond/float = %.3f"
           % (name, FLAGS.step_batch_size, FLAGS.step_time_steps, medians["float"],
              medians["folded"], medians["folded_cond"], medians["folded"] / medians["float"],

@@ -1,11 +1,12 @@
 """Training step time, QAT / float, on tf_keras MobileNetV2 (96x96, batch 16).
 
 Builds training graphs of the same model (weights=None): a float one, one
-rewritten by qat.create_training_graph and (--fold_only) one with only the
-batch norms folded. Each has its own Session; the tool warms them up, then
-interleaves their steps (float, QAT, folded, float, ...) so all see the same
-machine load, and prints the median step times and the QAT / float ratio
-(target: <= 1.25), with the part due to folding.
+rewritten by qat.create_training_graph, (--fold_only) one with only the
+batch norms folded and (--tf_gradient) a QAT one whose FakeQuant ops keep
+TensorFlow's own gradient. Each has its own Session; the tool warms them up,
+then interleaves their steps (float, QAT, folded, float, ...) so all see the
+same machine load, and prints the median step times and the QAT / float
+ratio (target: <= 1.25), with the part due to folding.
 
   .venv/bin/python tools/bench_train_step.py
   .venv/bin/python tools/bench_train_step.py --steps=50 --batch_size=32
@@ -32,6 +33,10 @@ flags.DEFINE_bool("use_cond", False,
                   "of create_training_graph (the fold's functional-cond "
                   "training tail, built only with a freeze delay; the delay "
                   "is never reached).")
+flags.DEFINE_bool("tf_gradient", False,
+                  "Also time a QAT graph whose FakeQuant ops use TensorFlow's "
+                  "own gradient (three outputs) instead of qat's input-only "
+                  "one, to show what the latter saves.")
 flags.DEFINE_bool("fold_only", True,
                   "Also time a third graph with batch norms folded (training "
                   "structure) but no FakeQuant ops, to split the overhead.")
@@ -58,7 +63,7 @@ def _session(variant: str):
         logits = model.output.op.inputs[0]  # Before the softmax.
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=labels, logits=logits))
-        if variant == "qat":
+        if variant in ("qat", "qat_tf_gradient"):
             start = time.perf_counter()
             if FLAGS.use_cond:
                 qat.fold_batch_norms(g, is_training=True, use_cond=True,
@@ -68,6 +73,10 @@ def _session(variant: str):
             else:
                 qat.create_training_graph(g, quant_delay=FLAGS.quant_delay)
             logging.info("rewrite: %.2f s", time.perf_counter() - start)
+            if variant == "qat_tf_gradient":
+                for op in g.get_operations():
+                    if op.type.startswith("FakeQuantWithMinMaxVars"):
+                        op._clear_attr("_gradient_op_type")  # pylint: disable=protected-access
         elif variant == "folded":
             qat.fold_batch_norms(
                 g, is_training=True, use_cond=FLAGS.use_cond,
@@ -89,7 +98,8 @@ def main(argv):
     if FLAGS.steps < 1 or FLAGS.batch_size < 1:
         raise app.UsageError("--steps and --batch_size must be positive.")
     logging.info("building the MobileNetV2 training graphs")
-    variants = ["float", "qat"] + (["folded"] if FLAGS.fold_only else [])
+    variants = (["float", "qat"] + (["folded"] if FLAGS.fold_only else [])
+                + (["qat_tf_gradient"] if FLAGS.tf_gradient else []))
     runs = {key: _session(key) for key in variants}
     for key, (sess, train, feed) in runs.items():
         logging.info("warming up %s", key)
@@ -115,6 +125,9 @@ def main(argv):
               "FakeQuant ops on top: %.3f x float"
               % (med["folded"], med["folded"] / med["float"],
                  (med["qat"] - med["folded"]) / med["float"]))
+    if "qat_tf_gradient" in med:
+        print("  with TensorFlow's FakeQuant gradient: %.4f s, QAT/float = %.3f"
+              % (med["qat_tf_gradient"], med["qat_tf_gradient"] / med["float"]))
     for sess, _, _ in runs.values():
         sess.close()
 
