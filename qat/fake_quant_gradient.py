@@ -34,7 +34,8 @@ import tensorflow as tf
 GRADIENT_OP_TYPE = "QatFakeQuantInputGrad"
 DELAYED_GRADIENT_OP_TYPE = "QatDelayedQuantGrad"
 
-# graph -> {FakeQuant op name: (nudged min, nudged max)}.
+# graph -> {FakeQuant op name: ((min, max) it was computed from,
+#                                 (nudged min, nudged max))}.
 _NUDGED_RANGES: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, tuple]]" = (
     weakref.WeakKeyDictionary())
 
@@ -113,13 +114,15 @@ def precompute_nudged_ranges(fake_quant_ops: Sequence[tf.Operation],
         pairs = zip(tf.unstack(lo), tf.unstack(hi))
     known = _NUDGED_RANGES.setdefault(graph, {})
     for op, pair in zip(ops, pairs):
-        known[op.name] = pair
+        known[op.name] = ((op.inputs[1], op.inputs[2]), pair)
 
 
 def _nudged_range_of(op: tf.Operation) -> Tuple[tf.Tensor, tf.Tensor]:
-    known = _NUDGED_RANGES.get(op.graph, {}).get(op.name)
-    if known is not None:
-        return known
+    sources, pair = _NUDGED_RANGES.get(op.graph, {}).get(op.name, (None, None))
+    # Unless min or max were rerouted since.
+    if sources is not None and sources[0] is op.inputs[1] \
+            and sources[1] is op.inputs[2]:
+        return pair
     return nudged_range(op.inputs[1], op.inputs[2], *quant_bounds(
         op.get_attr("num_bits"), op.get_attr("narrow_range")))
 

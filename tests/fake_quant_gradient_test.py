@@ -223,6 +223,26 @@ class QuantizerGradientTest(absltest.TestCase):
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b)
 
+    def test_rerouted_range_is_nudged_again(self):
+        g, x, outputs = self._quantizers()
+        fake_quant = outputs[0].op  # Per-tensor: its nudge was batched.
+        with g.as_default():
+            wider = tf.constant(-2.5)
+            ge.reroute_ts([wider], [fake_quant.inputs[1]],
+                          can_modify=[fake_quant])
+            self.assertIs(fake_quant.inputs[1], wider)
+            ours = tf.gradients(outputs[0], x)[0]
+            self.assertNotEqual(ours.op.inputs[2].op.type, "Unpack")
+            theirs = _reference_grad(fake_quant, tf.ones_like(x))
+            data = np.linspace(-4, 6, _ROWS * _CHANNELS, dtype=np.float32)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                got, want = sess.run([ours, theirs],
+                                     {x: data.reshape(_ROWS, _CHANNELS)})
+        np.testing.assert_array_equal(got, want)
+        self.assertGreater(np.count_nonzero(got), np.count_nonzero(
+            data.reshape(_ROWS, _CHANNELS) >= 0))  # The new min counts.
+
     def test_eval_quantizers_keep_tensorflows_gradient(self):
         _, _, outputs = self._quantizers(is_training=False)
         for y in outputs:
