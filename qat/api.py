@@ -11,7 +11,7 @@ from typing import Optional
 import tensorflow as tf
 
 from qat import fold_batch_norms as fold_lib
-from qat import quant_ops
+from qat import quantizer_batch
 from qat import quantize
 
 # Bit widths the experimental API accepts (TFLite kernels go up to 8 bits).
@@ -47,8 +47,8 @@ def _resolve_graph(input_graph: Optional[tf.Graph], caller: str) -> tf.Graph:
 
 
 def _check_bits(weight_bits: int, activation_bits: int) -> None:
-    quant_ops.validate_num_bits(weight_bits, "weight_bits", _MIN_BITS, _MAX_BITS)
-    quant_ops.validate_num_bits(activation_bits, "activation_bits", _MIN_BITS,
+    quantizer_batch.validate_num_bits(weight_bits, "weight_bits", _MIN_BITS, _MAX_BITS)
+    quantizer_batch.validate_num_bits(activation_bits, "activation_bits", _MIN_BITS,
                                 _MAX_BITS)
 
 

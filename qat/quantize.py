@@ -2,7 +2,7 @@
 
 The pass first plans every quantizer on the unchanged graph
 (`qat.quantize_plan`, so a bad input leaves the graph untouched), then builds
-them all with one GraphDef import (`quant_ops.QuantizerBatch`) and reroutes
+them all with one GraphDef import (`quantizer_batch.QuantizerBatch`) and reroutes
 the consumers with `qat.graph_editor.reroute_ts`.
 
 What gets a range (names as in `tf.contrib.quantize`; ctx is the scope of the
@@ -52,7 +52,7 @@ from typing import List, Optional
 from absl import logging
 import tensorflow as tf
 
-from qat import quant_ops
+from qat import quantizer_batch
 from qat import quantize_patterns as qp
 from qat import standalone_batch_norm
 from qat import step_counter
@@ -71,7 +71,7 @@ def _reroute(new: tf.Tensor, old: tf.Tensor, consumers) -> None:
 def _spec(plan: Plan, is_training: bool, weight_bits: int,
           activation_bits: int, symmetric: bool, ema_decay: float,
           quant_delay: Optional[int], vars_collection: Optional[str],
-          symmetric_weights: bool = False) -> quant_ops.QuantizerSpec:
+          symmetric_weights: bool = False) -> quantizer_batch.QuantizerSpec:
     t = plan.tensor
     reshape = None
     if (plan.is_weight and plan.per_channel and t.shape.rank == 4
@@ -80,7 +80,7 @@ def _spec(plan: Plan, is_training: bool, weight_bits: int,
         # (in * mult), the last axis of TFLite's layout.
         h, w, cin, mult = t.shape.as_list()
         reshape = [h, w, cin * mult]
-    return quant_ops.QuantizerSpec(
+    return quantizer_batch.QuantizerSpec(
         inputs=t, prefix=plan.prefix, moving_average=not plan.is_weight,
         is_training=is_training,
         num_bits=weight_bits if plan.is_weight else activation_bits,
@@ -139,8 +139,8 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
       RuntimeError: if the graph is finalized.
     """
     graph = graph or tf.compat.v1.get_default_graph()
-    quant_ops.validate_num_bits(weight_bits, "weight_bits")
-    quant_ops.validate_num_bits(activation_bits, "activation_bits")
+    quantizer_batch.validate_num_bits(weight_bits, "weight_bits")
+    quantizer_batch.validate_num_bits(activation_bits, "activation_bits")
     if not isinstance(symmetric_weights, bool):
         raise ValueError("symmetric_weights must be a bool, got "
                          f"{symmetric_weights!r}.")
@@ -162,7 +162,7 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
     plans = planner.run()
     if not plans:
         return []
-    batch = quant_ops.QuantizerBatch(graph)
+    batch = quantizer_batch.QuantizerBatch(graph)
     specs = [_spec(plan, is_training, weight_bits, activation_bits, symmetric,
                    ema_decay, quant_delay, vars_collection, symmetric_weights)
              for plan in plans]

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Set
 import tensorflow as tf
 
 from qat import layer_patterns
-from qat import quant_ops
+from qat import quantizer_batch
 from qat import quantize_patterns as qp
 from qat import standalone_batch_norm
 
@@ -73,11 +73,11 @@ def existing_quantizer(t: tf.Tensor):
     fake_quant = None
     reshape = None
     for c in t.consumers():
-        if c.type in quant_ops.FAKE_QUANT_TYPES and c.inputs[0] is t:
+        if c.type in quantizer_batch.FAKE_QUANT_TYPES and c.inputs[0] is t:
             fake_quant = c
         elif c.type == "Reshape":
             for cc in c.outputs[0].consumers():
-                if cc.type in quant_ops.FAKE_QUANT_TYPES:
+                if cc.type in quantizer_batch.FAKE_QUANT_TYPES:
                     fake_quant, reshape = cc, c
     if fake_quant is None:
         return None, set()
@@ -102,10 +102,10 @@ def existing_quantizer(t: tf.Tensor):
 def is_quantized_output(t: tf.Tensor) -> bool:
     """True if `t` is the output of a quantizer (FakeQuant or its delay)."""
     op = t.op
-    if op.type in quant_ops.FAKE_QUANT_TYPES:
+    if op.type in quantizer_batch.FAKE_QUANT_TYPES:
         return True
     if op.type in ("Select", "SelectV2", "Reshape"):
-        return any(i.op.type in quant_ops.FAKE_QUANT_TYPES for i in op.inputs)
+        return any(i.op.type in quantizer_batch.FAKE_QUANT_TYPES for i in op.inputs)
     return False
 
 

@@ -14,6 +14,7 @@ from absl.testing import parameterized
 from qat import fake_quant_gradient
 from qat import graph_editor as ge
 from qat import quant_ops
+from qat import quantizer_batch
 from qat import step_counter
 
 tf.compat.v1.disable_eager_execution()
@@ -147,14 +148,14 @@ class QuantizerGradientTest(absltest.TestCase):
         with g.as_default():
             x = tf.compat.v1.placeholder(tf.float32, [_ROWS, _CHANNELS],
                                          name="x")
-            batch = quant_ops.QuantizerBatch(g)
+            batch = quantizer_batch.QuantizerBatch(g)
             specs = [
-                quant_ops.QuantizerSpec(x, "w/weights_quant", False,
+                quantizer_batch.QuantizerSpec(x, "w/weights_quant", False,
                                         is_training, narrow_range=True),
-                quant_ops.QuantizerSpec(x, "a/act_quant", True, is_training),
-                quant_ops.QuantizerSpec(x, "s/act_quant", True, is_training,
+                quantizer_batch.QuantizerSpec(x, "a/act_quant", True, is_training),
+                quantizer_batch.QuantizerSpec(x, "s/act_quant", True, is_training,
                                         symmetric=True, num_bits=4),
-                quant_ops.QuantizerSpec(x, "c/weights_quant", False,
+                quantizer_batch.QuantizerSpec(x, "c/weights_quant", False,
                                         is_training, per_channel=True),
             ]
             for spec in specs:
@@ -293,16 +294,16 @@ class DelayedQuantizerGradientTest(absltest.TestCase):
     def test_batch_quantizers(self):
         def make(g, x):
             step = step_counter.get_or_create_quantization_step(g)
-            batch = quant_ops.QuantizerBatch(g)
+            batch = quantizer_batch.QuantizerBatch(g)
             for spec in [
-                    quant_ops.QuantizerSpec(x, "a/act_quant", True,
+                    quantizer_batch.QuantizerSpec(x, "a/act_quant", True,
                                             quant_delay=2),
-                    quant_ops.QuantizerSpec(x, "w/weights_quant", False,
+                    quantizer_batch.QuantizerSpec(x, "w/weights_quant", False,
                                             narrow_range=True, quant_delay=2),
-                    quant_ops.QuantizerSpec(x, "c/weights_quant", False,
+                    quantizer_batch.QuantizerSpec(x, "c/weights_quant", False,
                                             per_channel=True, quant_delay=2),
                     # A depthwise filter: per-channel through a reshape.
-                    quant_ops.QuantizerSpec(
+                    quantizer_batch.QuantizerSpec(
                         x, "d/weights_quant", False, per_channel=True,
                         channel_reshape=[4, 3, 2 * _CHANNELS], quant_delay=2),
             ]:

@@ -6,6 +6,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from qat import quant_ops
+from qat import quantizer_batch
 from qat import step_counter
 
 tf.compat.v1.disable_eager_execution()
@@ -165,8 +166,8 @@ class MovingAverageTest(absltest.TestCase):
         with g.as_default():
             x = tf.compat.v1.placeholder(tf.float32, [2, 3])
             relu = tf.nn.relu(x)
-            batch = quant_ops.QuantizerBatch(g)
-            batch.add(quant_ops.QuantizerSpec(
+            batch = quantizer_batch.QuantizerBatch(g)
+            batch.add(quantizer_batch.QuantizerSpec(
                 relu, "r/act_quant", moving_average=True, ema_decay=0.5,
                 init_min=0.0, init_max=6.0, nonnegative=True))
             y = batch.build()[0]
