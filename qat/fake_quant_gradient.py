@@ -117,6 +117,14 @@ def precompute_nudged_ranges(fake_quant_ops: Sequence[tf.Operation],
         known[op.name] = ((op.inputs[1], op.inputs[2]), pair)
 
 
+def has_input_only_gradient(op: tf.Operation) -> bool:
+    """Whether `op` is a FakeQuant carrying `QatFakeQuantInputGrad`."""
+    try:
+        return op.get_attr("_gradient_op_type") == GRADIENT_OP_TYPE.encode()
+    except ValueError:  # No such attribute: TensorFlow's own gradient.
+        return False
+
+
 def _nudged_range_of(op: tf.Operation) -> Tuple[tf.Tensor, tf.Tensor]:
     sources, pair = _NUDGED_RANGES.get(op.graph, {}).get(op.name, (None, None))
     # Unless min or max were rerouted since.
@@ -160,8 +168,7 @@ def _delayed_quant_grad(op: tf.Operation, grad: tf.Tensor):
     """
     active, quantized, inputs = op.inputs
     fake_quant = quantized.op
-    if (fake_quant.type in ("FakeQuantWithMinMaxVars",
-                            "FakeQuantWithMinMaxVarsPerChannel")
+    if (has_input_only_gradient(fake_quant)
             and fake_quant.inputs[0].name == inputs.name):
         lo, hi = _nudged_range_of(fake_quant)
         lo = tf.where(active, lo, -np.inf)

@@ -133,11 +133,9 @@ def delay_quantization(quantized: tf.Tensor, inputs: tf.Tensor,
         return quantized
     graph = quantized.graph
     step = step_counter.get_or_create_quantization_step(graph)
-    try:
-        quantized.op.get_attr("_gradient_op_type")
+    override = {}
+    if fake_quant_gradient.has_input_only_gradient(quantized.op):
         override = {"Select": fake_quant_gradient.DELAYED_GRADIENT_OP_TYPE}
-    except ValueError:  # Not a training quantizer: TensorFlow's gradient.
-        override = {}
     with graph.as_default(), graph.control_dependencies(None), \
             graph.gradient_override_map(override):
         with graph.name_scope(prefix + "/"):
