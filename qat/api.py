@@ -10,81 +10,26 @@ from typing import Optional
 
 import tensorflow as tf
 
+from qat.engine import config as config_lib
+from qat.engine import preconditions
 from qat.fold import fold_batch_norms as fold_lib
-from qat.quantize import quantizer_batch
 from qat.quantize import insert_quant_ops as quantize
-
-# Bit widths the experimental API accepts (TFLite kernels go up to 8 bits).
-_MIN_BITS = 2
-_MAX_BITS = 8
-
-
-def _resolve_graph(input_graph: Optional[tf.Graph], caller: str) -> tf.Graph:
-    if input_graph is None:
-        if tf.executing_eagerly():
-            raise RuntimeError(
-                f"qat.{caller}() was called in eager mode, outside any graph. It "
-                "rewrites a tf.compat.v1 graph: build the model inside "
-                "`with tf.Graph().as_default() as g:` and call "
-                f"qat.{caller}(g) (or call "
-                "tf.compat.v1.disable_eager_execution() at program start).")
-        input_graph = tf.compat.v1.get_default_graph()
-    if not isinstance(input_graph, tf.Graph):
-        raise TypeError(
-            f"qat.{caller}(): input_graph must be a tf.Graph or None, got "
-            f"{type(input_graph).__name__}.")
-    if isinstance(input_graph, tf.__internal__.FuncGraph):
-        raise ValueError(
-            f"qat.{caller}() got the graph of a tf.function ({input_graph.name}); "
-            "it rewrites tf.compat.v1 graphs: build the model in a tf.Graph.")
-    if input_graph.finalized:
-        raise RuntimeError(
-            f"qat.{caller}(): the graph is finalized (a Session, "
-            "MonitoredSession or Supervisor finalized it), so it cannot be "
-            "rewritten. Call it after building the model and before creating "
-            "the session.")
-    return input_graph
-
-
-def _check_bits(weight_bits: int, activation_bits: int) -> None:
-    quantizer_batch.validate_num_bits(weight_bits, "weight_bits", _MIN_BITS, _MAX_BITS)
-    quantizer_batch.validate_num_bits(activation_bits, "activation_bits", _MIN_BITS,
-                                _MAX_BITS)
-
-
-def _check_delay(value, what: str) -> None:
-    if value is not None and (isinstance(value, bool) or
-                              not isinstance(value, int) or value < 0):
-        raise ValueError(f"{what} must be None or an int >= 0, got {value!r}.")
 
 
 def _create_graph(input_graph: Optional[tf.Graph], caller: str,
-                  is_training: bool, weight_bits: int = 8,
-                  activation_bits: int = 8, symmetric: bool = False,
-                  quant_delay: Optional[int] = None,
-                  freeze_bn_delay: Optional[int] = None,
-                  scope: Optional[str] = None,
-                  symmetric_weights: bool = False) -> None:
-    graph = _resolve_graph(input_graph, caller)
-    _check_bits(weight_bits, activation_bits)
-    _check_delay(quant_delay, "quant_delay")
-    _check_delay(freeze_bn_delay, "freeze_bn_delay")
-    if scope is not None and not isinstance(scope, str):
-        raise TypeError(f"qat.{caller}(): scope must be a string or None, got "
-                        f"{type(scope).__name__}.")
-    if not isinstance(symmetric_weights, bool):
-        raise TypeError(f"qat.{caller}(): symmetric_weights must be a bool, got "
-                        f"{type(symmetric_weights).__name__}.")
+                  **settings) -> None:
+    graph = preconditions.resolve_graph(input_graph, caller)
+    config = config_lib.RewriteConfig(**settings)
     # Refuse before the fold pass edits anything.
-    quantize.check_no_optimizer_ops(graph)
+    preconditions.check_no_optimizer_ops(graph)
+    preconditions.check_previous_rewrite(graph, "fold", fold_lib.fold_record(config))
+    preconditions.check_previous_rewrite(graph, "quantize",
+                                         quantize._quantize_record(config))  # pylint: disable=protected-access
+    if config.is_training:
+        preconditions.warn_existing_gradients(graph)
     with graph.as_default():
-        fold_lib.fold_batch_norms(graph, is_training=is_training,
-                                  freeze_batch_norm_delay=freeze_bn_delay)
-        quantize.insert_quant_ops(
-            graph, is_training=is_training, weight_bits=weight_bits,
-            activation_bits=activation_bits, symmetric=symmetric,
-            quant_delay=quant_delay, scope=scope,
-            symmetric_weights=symmetric_weights)
+        fold_lib.fold_graph(graph, config)
+        quantize.quantize_graph(graph, config)
 
 
 def create_training_graph(input_graph: Optional[tf.Graph] = None,

@@ -164,7 +164,8 @@ class SymmetricWeightsTest(absltest.TestCase):
             before = len(g.get_operations())
             with self.assertRaisesRegex(TypeError, "symmetric_weights"):
                 qat.experimental_create_eval_graph(g, symmetric_weights="yes")
-            with self.assertRaisesRegex(ValueError, "symmetric_weights"):
+            # One rule for every entry point: a flag of the wrong type.
+            with self.assertRaisesRegex(TypeError, "symmetric_weights"):
                 qat.insert_quant_ops(g, symmetric_weights=1)
         self.assertLen(g.get_operations(), before)
 

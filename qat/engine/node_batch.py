@@ -4,15 +4,38 @@ TensorFlow's Python op constructors cost a fraction of a millisecond to a
 millisecond each (dispatch, type inference in Python, name scopes); a pass
 that adds ten ops per layer to a network of fifty layers spends most of its
 time there. `NodeBatch` instead collects NodeDefs and adds them with one
-`import_graph_def` (done in C++). Names are reserved with
-`Graph.unique_name`, so the ops get the names the Python constructors would
-have given them; existing tensors are read through the import's `input_map`.
+`import_graph_def` (done in C++). Existing tensors are read through the
+import's `input_map`. Ops that are easier to write with TensorFlow's Python
+constructors (a functional cond, a chain of math ops) are built in a scratch
+graph (`python_ops`) and join the same import.
+
+Nothing touches the graph before `build`: names are reserved in the batch and
+only marked as used in the graph when the ops are added; `check` imports the
+NodeDefs into an empty scratch graph first, where TensorFlow checks op types,
+attributes, dtypes and shapes. Every node carries the mark of `qat.engine.marks`.
 """
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
+
+from qat.engine import marks
+
+_SCRATCH_INPUT = "qat_scratch_input_"
+
+# An input of `NodeBatch.python_ops`: an existing tensor, or a node of the
+# batch as (`name:<i>`, dtype, shape).
+Input = Union[tf.Tensor, Tuple[str, tf.DType, Sequence[Optional[int]]]]
+
+
+def _stand_in(t: tf.Tensor, name: str) -> tf.Tensor:
+    """A tensor of a scratch graph with `t`'s dtype and shape."""
+    if t.dtype._is_ref_dtype:  # pylint: disable=protected-access
+        # Ref inputs (ref variables) need a ref tensor: a variable op.
+        shape = t.shape if t.shape.is_fully_defined() else tf.TensorShape([])
+        return tf.raw_ops.VariableV2(shape=shape, dtype=t.dtype.base_dtype, name=name)
+    return tf.compat.v1.placeholder(t.dtype, t.shape, name=name)
 
 
 class NodeBatch(object):
@@ -20,29 +43,63 @@ class NodeBatch(object):
 
     Args:
       graph: the graph the ops are added to.
+      mark: the `qat.engine.marks` role of the new ops (a node's own `_qat`
+        attribute wins).
     """
 
-    def __init__(self, graph: tf.Graph):
+    def __init__(self, graph: tf.Graph, mark: str = marks.FOLD):
         self._graph = graph
+        self._mark = mark
         self._gdef = graph_pb2.GraphDef()
         self._ext: Dict[str, tf.Tensor] = {}
         self._ext_ids: Dict[int, str] = {}
         self._nodes: List[str] = []
         self._shared: Dict[tuple, str] = {}
+        self._reserved: Set[str] = set()
+        self._used: Optional[Set[str]] = None
 
     def __len__(self) -> int:
         return len(self._nodes)
 
+    @property
+    def graph(self) -> tf.Graph:
+        return self._graph
+
+    def _taken(self, name: str) -> bool:
+        key = name.lower()
+        if key in self._reserved:
+            return True
+        if self._graph.unique_name(name, mark_as_used=False) != name:
+            return True  # Used by an op or name scope of the graph.
+        if self._used is None:
+            # Every op name and each of its scopes: a scope whose ops were
+            # named explicitly is not in the graph's names-in-use table.
+            self._used = set()
+            for op in self._graph.get_operations():
+                parts = op.name.lower().split("/")
+                for i in range(1, len(parts) + 1):
+                    self._used.add("/".join(parts[:i]))
+        return key in self._used
+
     def unique_name(self, name: str) -> str:
         """Reserves the name the Python constructors would give `name`.
 
+        The name is free in the graph (no op and no scope of that name) and
+        in the batch; the graph's names-in-use table is only updated by
+        `build`.
+
         Args:
-          name: the full op name wanted (no name scope is prepended).
+          name: the full op or scope name wanted (no name scope is prepended).
 
         Returns:
           `name`, or `name_<i>` when taken.
         """
-        return self._graph.unique_name(name, mark_as_used=True)
+        candidate, i = name, 0
+        while self._taken(candidate):
+            i += 1
+            candidate = "%s_%d" % (name, i)
+        self._reserved.add(candidate.lower())
+        return candidate
 
     def external(self, t: tf.Tensor) -> str:
         """The name NodeDef inputs use for the existing tensor `t`."""
@@ -78,6 +135,7 @@ class NodeBatch(object):
         node.input.extend("^" + c for c in control)
         if device:
             node.device = device
+        attrs.setdefault(marks.ATTR, self._mark)
         for key, value in attrs.items():
             attr = node.attr[key]
             if isinstance(value, tf.DType):
@@ -122,8 +180,94 @@ class NodeBatch(object):
             self._shared[key] = self.const(self.unique_name(name), array, dtype)
         return self._shared[key]
 
+    def python_ops(self, scope: str, inputs: Sequence[Input],
+                   build_fn: Callable[..., Sequence[tf.Tensor]],
+                   device: str = "", mark: Optional[str] = None) -> List[str]:
+        """Ops built with TensorFlow's Python constructors, added with the batch.
+
+        `build_fn` runs in a scratch graph, under the name scope `scope`
+        (made unique), on stand-ins for `inputs` with their dtypes and
+        shapes; its ops (and the functions they call) join this batch.
+
+        Args:
+          scope: the name scope wanted for the ops.
+          inputs: what `build_fn` reads: existing tensors, or nodes of this
+            batch given as (`name:<i>`, dtype, shape).
+          build_fn: called with one stand-in per input; returns tensors.
+          device: the device string of the new ops.
+          mark: their `qat.engine.marks` role (default: the batch's).
+
+        Returns:
+          The names (`name:<i>`) of the tensors `build_fn` returned.
+        """
+        scope = self.unique_name(scope)
+        mark = (mark or self._mark).encode()
+        scratch = tf.Graph()
+        refs = {}
+        with scratch.as_default():
+            stand_ins = []
+            for k, item in enumerate(inputs):
+                name = "%s%d" % (_SCRATCH_INPUT, k)
+                if isinstance(item, tf.Tensor):
+                    stand_ins.append(_stand_in(item, name))
+                    refs[name] = self.external(item)
+                else:
+                    ref, dtype, shape = item
+                    stand_ins.append(tf.compat.v1.placeholder(dtype, shape, name=name))
+                    refs[name] = ref if ":" in ref else ref + ":0"
+            with tf.name_scope(scope + "/"):
+                outputs = list(build_fn(*stand_ins))
+        graph_def = scratch.as_graph_def()
+        known = {f.signature.name for f in self._gdef.library.function}
+        for function in graph_def.library.function:
+            if function.signature.name not in known:
+                self._gdef.library.function.add().CopyFrom(function)
+        for node in graph_def.node:
+            if node.name in refs:
+                continue
+            for i, name in enumerate(node.input):
+                if name.startswith("^"):
+                    if name[1:] in refs:
+                        node.input[i] = "^" + refs[name[1:]].partition(":")[0]
+                    continue
+                op_name, _, index = name.partition(":")
+                if op_name in refs:
+                    if index not in ("", "0"):
+                        raise ValueError(f"Stand-in {op_name} has one output.")
+                    node.input[i] = refs[op_name]
+            if device:
+                node.device = device
+            if marks.ATTR not in node.attr:
+                node.attr[marks.ATTR].s = mark
+            self._gdef.node.add().CopyFrom(node)
+            self._nodes.append(node.name)
+        return ["%s:%d" % (t.op.name, t.value_index) for t in outputs]
+
+    def check(self) -> Dict[str, tf.Operation]:
+        """Imports the nodes into an empty scratch graph, changing nothing.
+
+        Returns:
+          The scratch ops by node name (their outputs carry the dtypes and
+          shapes the real ops will have).
+
+        Raises:
+          ValueError: TensorFlow's message for a bad node.
+        """
+        if not self._nodes:
+            return {}
+        scratch = tf.Graph()
+        with scratch.as_default():
+            input_map = {name: _stand_in(t, "input_%d" % k)
+                         for k, (name, t) in enumerate(self._ext.items())}
+            ops = tf.graph_util.import_graph_def(
+                self._gdef, input_map=input_map, return_elements=self._nodes,
+                name="")
+        return dict(zip(self._nodes, ops))
+
     def build(self) -> Dict[str, tf.Operation]:
         """Imports the nodes into the graph.
+
+        TensorFlow's import adds all of them or, on failure, none.
 
         Returns:
           The new ops by the names given to `node`.
@@ -138,6 +282,9 @@ class NodeBatch(object):
             ops = tf.graph_util.import_graph_def(
                 self._gdef, input_map=self._ext, return_elements=self._nodes,
                 name="")
+        for name in self._reserved.union(n.lower() for n in self._nodes):
+            if graph.unique_name(name, mark_as_used=False) == name:
+                graph.unique_name(name, mark_as_used=True)
         return dict(zip(self._nodes, ops))
 
     def tensor(self, ops: Dict[str, tf.Operation], ref: Optional[str]) -> Optional[tf.Tensor]:

@@ -7,9 +7,13 @@ delayed FakeQuant or a freezable batch norm advances it exactly once.
 
 The passes find the counter through a graph collection, not by its name.
 """
-from typing import Optional
+from typing import Optional, Union
 
 import tensorflow as tf
+from tensorflow.core.framework import variable_pb2
+from tensorflow.python.ops import resource_variable_ops
+
+from qat.engine import marks
 
 QUANTIZATION_STEP_NAME = "fake_quantization_step"
 # Collection holding [variable, incremented step tensor] once created.
@@ -58,4 +62,55 @@ def get_or_create_quantization_step(graph: Optional[tf.Graph] = None) -> tf.Tens
                 tf.compat.v1.assign_add(variable, 1), name="Identity")
     graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, variable)
     graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, step)
+    return step
+
+
+def step_for(rewrite) -> Union[tf.Tensor, str]:
+    """The step tensor for the ops of `rewrite`: existing, or added by it.
+
+    Args:
+      rewrite: a `qat.engine.rewrite.Rewrite`; when the graph has no counter
+        yet, the rewrite gets its ops (a resource variable
+        `fake_quantization_step`, its increment and the incremented value),
+        added to the graph with the rewrite's other ops.
+
+    Returns:
+      The existing step tensor, or the rewrite's node (`name:0`) computing it.
+    """
+    existing = get_quantization_step(rewrite.graph)
+    if existing is not None:
+        return existing
+    if "step" in rewrite.memo:
+        return rewrite.memo["step"]
+    nodes = rewrite.nodes
+    name = nodes.unique_name(QUANTIZATION_STEP_NAME)
+    int64 = tf.int64
+    mark = {marks.ATTR: marks.STEP_COUNTER}
+    nodes.node(name, "VarHandleOp", dtype=int64, shape=tf.TensorShape([]),
+               shared_name=name, container="", **mark)
+    zero = nodes.const(name + "/Initializer/zeros", 0, int64)
+    nodes.node(name + "/Assign", "AssignVariableOp", [name, zero], dtype=int64, **mark)
+    nodes.node(name + "/Read/ReadVariableOp", "ReadVariableOp", [name], dtype=int64,
+               **mark)
+    one = nodes.const(name + "/AssignAddVariableOp/value", 1, int64)
+    add = nodes.node(name + "/AssignAddVariableOp", "AssignAddVariableOp", [name, one],
+                     dtype=int64, **mark)
+    read = nodes.node(name + "/ReadVariableOp", "ReadVariableOp", [name], dtype=int64,
+                      control=[add], **mark)
+    step = nodes.node(name + "/Identity", "Identity", [read], T=int64, **mark) + ":0"
+    variable_def = variable_pb2.VariableDef(
+        variable_name=name + ":0", initializer_name=name + "/Assign",
+        snapshot_name=name + "/Read/ReadVariableOp:0",
+        initial_value_name=zero + ":0", trainable=False, is_resource=True)
+
+    def register(ops):
+        graph = rewrite.graph
+        with graph.as_default():
+            variable = resource_variable_ops.ResourceVariable(variable_def=variable_def)
+        graph.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, variable)
+        graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, variable)
+        graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, nodes.tensor(ops, step))
+
+    rewrite.after_import(register)
+    rewrite.memo["step"] = step
     return step

@@ -28,9 +28,8 @@ with moving statistics):
 Training structure (is_training=True, batch norm using batch statistics).
 DESIGN DECISION: the convolution is computed ONCE (PyTorch ConvBn style), not
 twice like contrib (a float layer for the batch statistics plus the folded
-one), because the quantize issue targets a QAT/float training step time <=
-1.25 on MobileNetV2, and a second convolution per layer alone would cost
-about that much. The 1/s that takes the layer back to the unfolded one is
+one): a second convolution per layer would cost about as much as the whole
+quantization overhead of a training step (the README quotes the figures). The 1/s that takes the layer back to the unfolded one is
 applied to the WEIGHTS (weight-sized), not to the layer output
 (activation-sized): per output channel, layer(x, fq(w*s) / s) =
 layer(x, fq(w*s)) / s, so the layer output feeds the ORIGINAL batch norm
@@ -57,10 +56,8 @@ one:
 
   The quantize pass walks this tail to the activation or residual add as in
   an unfolded graph. `FoldedLayer.output` is the batch norm's output;
-  `bias_add` and `frozen` are None. Nothing activation-sized is added.
-  Measured side by side (tools/bench_train_step.py, MobileNetV2 96x96,
-  batch 16, 2-core CPU, TensorFlow's FakeQuant gradient then): QAT/float
-  1.25-1.30 with 1/s on the weights, 1.35-1.36 with it on the activations.
+  `bias_add` and `frozen` are None. Nothing activation-sized is added
+  (putting 1/s on the activations instead was measurably slower).
 
 With a freeze delay the tail chooses between the batch norm and the folded
 output y * s + b_fold = layer(x, fq(w*s)) + b_fold:
@@ -98,33 +95,33 @@ output y * s + b_fold = layer(x, fq(w*s)) + b_fold:
   runs; the tail is then layer [-> BatchToSpaceND] -> If -> Identity
   (tf.cond's output) -> consumers.
 
-Speed of the rewrite: the new ops of every fold are written as NodeDefs and
-added with one `import_graph_def` (`qat.engine.node_batch`), named as the Python
-constructors would name them; only the functional cond (use_cond) and the
-freeze of the moving-average updates use Python op constructors.
+The rewrite: the new ops of every fold (`qat.fold.emit`; the functional
+cond of use_cond is built in a scratch graph), the moved inputs of the layers,
+of the batch norms' consumers and of the frozen moving-average updates form
+one `qat.engine.rewrite.Rewrite`, checked before anything is edited.
 
 Batch norms that cannot be folded (no layer before them, a layer output with
 other consumers, unusual sharing, functional or v1 control flow, no moving
 averages for a training batch norm) are left alone, logged with a warning and
-listed in `FoldResult.skipped`. Every batch norm is validated before the
-first edit. Folded batch norms are remembered in a graph collection, so a
-second call changes nothing.
+listed in `FoldResult.skipped`. A batch norm whose layer already reads qat's
+folded weights (marked by `qat.engine.marks`) is folded already: a second
+call changes nothing.
 """
 import dataclasses
-from typing import List, Optional
+from typing import List, Optional, Union
 
 from absl import logging
 import tensorflow as tf
 
-from qat.matching import batch_norm as bn_lib
-from qat.fold import plan as fold_plan
-from qat.matching import layer_patterns
-from qat.engine import node_batch
+from qat.engine import config as config_lib
+from qat.engine import marks
+from qat.engine import preconditions
+from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
-from qat.graph_editor import util as ge_util
-
-# Names of the batch-norm ops already folded (strings).
-FOLDED_BATCH_NORMS_COLLECTION = "qat_folded_batch_norms"
+from qat.fold import emit as emit_lib
+from qat.fold import plan as fold_plan
+from qat.matching import batch_norm as bn_lib
+from qat.matching import layer_patterns
 
 
 @dataclasses.dataclass
@@ -170,11 +167,6 @@ class FoldResult:
     skipped: List[SkippedBatchNorm]
 
 
-_SELECT_GRADIENT = "QatFoldSelect"
-# Scope of the constants the folds share (epsilon, 1, reshape shapes).
-_CONSTANTS_SCOPE = "fold_batch_norms/constants/"
-
-
 def _fold_select_grad(op: tf.Operation, grad: tf.Tensor):
     """Gradient of select_fold: its branches have the output's shape.
 
@@ -186,259 +178,199 @@ def _fold_select_grad(op: tf.Operation, grad: tf.Tensor):
 
 
 try:
-    tf.RegisterGradient(_SELECT_GRADIENT)(_fold_select_grad)
+    tf.RegisterGradient(emit_lib.SELECT_GRADIENT)(_fold_select_grad)
 except KeyError:  # Module re-imported (e.g. importlib.reload): already there.
     pass
-
-
-def _read(variable: tf.Tensor, dtype) -> tf.Tensor:
-    if variable.dtype == tf.resource:
-        return tf.raw_ops.ReadVariableOp(resource=variable, dtype=dtype)
-    return tf.identity(variable)
 
 
 class _Freeze(object):
     """The shared `frozen` condition and the 1 - frozen factor per dtype."""
 
-    def __init__(self, graph: tf.Graph, delay: int):
-        with graph.name_scope("fold_batch_norms/"):
-            step = step_counter.get_or_create_quantization_step(graph)
-            self.frozen = tf.greater(step, tf.cast(delay, tf.int64), name="frozen")
-        self._graph = graph
+    def __init__(self, rewrite: rewrite_lib.Rewrite, delay: int):
+        nodes = rewrite.nodes
+        self._nodes = nodes
+        step = step_counter.step_for(rewrite)
+        step = step if isinstance(step, str) else nodes.external(step)
+        delay_const = nodes.const(nodes.unique_name("fold_batch_norms/Cast"), delay,
+                                  tf.int64)
+        self.frozen = nodes.node(nodes.unique_name("fold_batch_norms/frozen"), "Greater",
+                                 [step, delay_const], T=tf.int64)
         self._keep = {}
 
-    def keep(self, dtype) -> tf.Tensor:
+    def keep(self, dtype: tf.DType) -> str:
         if dtype not in self._keep:
-            with self._graph.name_scope("fold_batch_norms/"):
-                self._keep[dtype] = tf.cast(tf.logical_not(self.frozen), dtype,
-                                            name="keep_updates")
+            nodes = self._nodes
+            not_frozen = nodes.node(nodes.unique_name("fold_batch_norms/LogicalNot"),
+                                    "LogicalNot", [self.frozen])
+            self._keep[dtype] = nodes.node(
+                nodes.unique_name("fold_batch_norms/keep_updates"), "Cast", [not_frozen],
+                SrcT=tf.bool, DstT=dtype, Truncate=False)
         return self._keep[dtype]
 
 
-@dataclasses.dataclass
-class _Emitted:
-    """Names of one fold's new ops in the NodeBatch (see `_emit`)."""
-    weights: str
-    unscaled: str                    # unscale_fold (training) or div_fold (eval)
-    bn_consumers: List[tf.Operation]
-    b_fold: Optional[str] = None
-    bias_add: Optional[str] = None
-    folded: Optional[str] = None     # BiasAdd_Fold [-> Reshape_Fold]
-    select: Optional[str] = None
-    rescale: Optional[str] = None    # s in the layer output's layout
+def _freeze_update(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
+                   freeze: _Freeze, rewrite: rewrite_lib.Rewrite) -> None:
+    """Switches a moving-average update off once the batch norm is frozen."""
+    op, nodes = update.op, rewrite.nodes
+    value = op.inputs[1]
+    dtype = value.dtype.base_dtype
+    scope = op.name.rpartition("/")[0]
+    name = nodes.unique_name((scope + "/" if scope else "") + "freeze_fold")
+    if update.is_delta:
+        new = nodes.node(name, "Mul", [nodes.external(value), freeze.keep(dtype)],
+                         device=op.device, T=dtype)
+    else:
+        is_mean = (bn.mean_variable is not None
+                   and bn_lib.same_tensor(update.variable, bn.mean_variable))
+        current = bn.moving_mean if is_mean else bn.moving_variance
+        if current is not None:
+            current = nodes.external(current)
+        elif update.variable.dtype == tf.resource:
+            current = nodes.node(name + "/ReadVariableOp", "ReadVariableOp",
+                                 [nodes.external(update.variable)], device=op.device,
+                                 dtype=dtype)
+        else:
+            current = nodes.node(name + "/Identity", "Identity",
+                                 [nodes.external(update.variable)], device=op.device, T=dtype)
+        new = nodes.node(name, "SelectV2", [freeze.frozen, current, nodes.external(value)],
+                         device=op.device, T=dtype)
+    rewrite.reroute(op, 1, new)
 
 
-def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional[tf.Tensor],
-          use_cond: bool) -> _Emitted:
-    """Adds one fold's new ops to `batch` as NodeDefs (no graph edit yet).
-
-    `frozen` is the freeze condition (training structure with a delay), else
-    None. The names follow what the Python constructors would give.
-    """
+def _cond_output(plan: fold_plan.FoldPlan, emitted: emit_lib.Emitted,
+                 rewrite: rewrite_lib.Rewrite, frozen: str) -> str:
+    """use_cond: a functional cond choosing the folded or batch-norm output."""
     bn, layer_op = plan.bn, plan.layer_op
-    ctx = layer_op.name.rpartition("/")[0]
-    prefix = (ctx + "/") if ctx else ""
     dtype = layer_op.outputs[0].dtype.base_dtype
-    device = layer_op.device
-    ext = batch.external
+    channels = bn.output.shape[1 if plan.channels_first else -1]
+    b_fold = (emitted.b_fold + ":0", dtype, [channels])
+    rescale_shape = [channels, 1, 1] if plan.channels_first else [channels]
+    rescale = (emitted.rescale + ":0", dtype, rescale_shape)
+    inputs = [(frozen + ":0", tf.bool, []), plan.layer_output, b_fold, rescale, bn.output]
+    if plan.reshape is not None:
+        inputs.append(plan.reshape.inputs[1])
+    ctx = layer_op.name.rpartition("/")[0]
 
-    def node(name, op, inputs, **attrs):
-        return batch.node(batch.unique_name(name), op, inputs, device=device, **attrs)
-
-    def shared(name, value, value_dtype):
-        return batch.shared_const(_CONSTANTS_SCOPE + name, value, value_dtype)
-
-    def flat(ref, rank, scope):
-        if rank == 1:
-            return ref
-        return node(scope + "/Reshape", "Reshape", [ref, shared("shape", [-1], tf.int32)],
-                    T=dtype, Tshape=tf.int32)
-
-    def statistic(t, variable, scope):
-        if t is not None:
-            return flat(ext(t), t.shape.rank, scope)
-        if variable.dtype == tf.resource:
-            read = node(prefix + "ReadVariableOp", "ReadVariableOp", [ext(variable)],
-                        dtype=dtype)
-        else:
-            read = node(prefix + "Identity", "Identity", [ext(variable)], T=dtype)
-        return flat(read, variable.shape.rank, scope)
-
-    scale = batch.unique_name(prefix + "scale_fold")
-    variance = statistic(bn.moving_variance, bn.variance_variable, scale)
-    if isinstance(bn.epsilon, tf.Tensor):
-        epsilon = ext(bn.epsilon)
-    else:
-        epsilon = shared("epsilon", bn.epsilon, dtype)
-    s = node(scale + "/Rsqrt", "Rsqrt",
-             [node(scale + "/add", "AddV2", [variance, epsilon], T=dtype)], T=dtype)
-    if bn.gamma is not None:
-        s = node(scale + "/mul", "Mul", [s, flat(ext(bn.gamma), bn.gamma.shape.rank, scale)],
-                 T=dtype)
-    s_stopped = node(scale + "/StopGradient", "StopGradient", [s], T=dtype)
-    s_weights = s
-    if plan.training:
-        # Before the freeze the original batch norm gets gamma's gradient
-        # directly; the scale's paths through w*s and 1/s cancel exactly, so
-        # both are cut. After the freeze gamma and the moving variance act
-        # through w*s.
-        s_weights = s_stopped
-        if frozen is not None:
-            s_weights = node(scale + "/select", "SelectV2", [ext(frozen), s, s_stopped],
-                             T=dtype)
-    weights = layer_patterns.weight_input(layer_op)
-
-    def weight_layout(vector):
-        """`vector` (per output channel) reshaped to multiply the weights."""
-        if layer_op.type == "DepthwiseConv2dNative":
-            if weights.shape[2:].is_fully_defined():
-                shape = shared("shape", weights.shape[2:].as_list(), tf.int32)
-            else:
-                begin, end, stride = [shared("shape", [v], tf.int32) for v in (2, 0, 1)]
-                shape = node(prefix + "strided_slice", "StridedSlice",
-                             [node(prefix + "Shape", "Shape", [ext(weights)], T=dtype,
-                                   out_type=tf.int32), begin, end, stride],
-                             T=tf.int32, Index=tf.int32, end_mask=1)
-            return node(prefix + "Reshape", "Reshape", [vector, shape], T=dtype,
-                        Tshape=tf.int32)
-        if layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
-            return node(prefix + "Reshape", "Reshape",
-                        [vector, shared("shape", [-1, 1], tf.int32)], T=dtype,
-                        Tshape=tf.int32)
-        return vector
-
-    def activation_layout(vector):
-        """`vector` (per output channel) reshaped to multiply the layer output."""
-        if plan.channels_first:
-            return node(prefix + "Reshape", "Reshape",
-                        [vector, shared("shape", [-1, 1, 1], tf.int32)], T=dtype,
-                        Tshape=tf.int32)
-        return vector
-
-    emitted = _Emitted(weights=node(prefix + "mul_fold", "Mul",
-                                    [ext(weights), weight_layout(s_weights)], T=dtype),
-                       unscaled="", bn_consumers=list(bn.output.consumers()))
-    # 1 / stop_gradient(s), 0 where s == 0 (gamma == 0): no NaN, no gradient.
-    inverse = node(scale + "/inverse", "DivNoNan", [shared("one", 1.0, dtype), s_stopped],
-                   T=dtype)
-    # What BiasAdd_Fold reads: y (eval) or y * s (training, after the freeze).
-    folded_input = None if plan.training else ext(plan.layer_output)
-    if plan.training:
-        # The layer reads fq(w*s) / s (per output channel, weight-sized):
-        # its output is the unfolded layer's, which feeds the ORIGINAL batch
-        # norm unchanged (no activation-sized multiply).
-        emitted.unscaled = node(prefix + "unscale_fold", "Mul",
-                                [emitted.weights, weight_layout(inverse)], T=dtype)
-        if frozen is not None:
-            # After the freeze: y * s + b_fold = layer(x, fq(w*s)) + b_fold.
-            emitted.rescale = activation_layout(s_stopped)
-            if not use_cond:
-                folded_input = node(prefix + "rescale_fold", "Mul",
-                                    [ext(plan.layer_output), emitted.rescale], T=dtype)
-    if not plan.training or frozen is not None:
-        bias_scope = batch.unique_name(prefix + "bias_fold")
-        centred = statistic(bn.moving_mean, bn.mean_variable, bias_scope)
-        if plan.bias is not None:
-            centred = node(bias_scope + "/sub", "Sub", [centred, ext(plan.bias)], T=dtype)
-        centred = node(bias_scope + "/mul", "Mul", [centred, s], T=dtype)
-        if bn.beta is not None:
-            beta = flat(ext(bn.beta), bn.beta.shape.rank, bias_scope)
-            emitted.b_fold = node(bias_scope + "/sub_1", "Sub", [beta, centred], T=dtype)
-        else:
-            emitted.b_fold = node(bias_scope + "/Neg", "Neg", [centred], T=dtype)
-        if not (plan.training and use_cond):
-            emitted.bias_add = node(prefix + "BiasAdd_Fold", "BiasAdd",
-                                    [folded_input, emitted.b_fold], T=dtype,
-                                    data_format="NCHW" if plan.channels_first else "NHWC")
-            emitted.folded = emitted.bias_add
-            if plan.reshape is not None:
-                emitted.folded = node(prefix + "Reshape_Fold", "Reshape",
-                                      [emitted.bias_add, ext(plan.reshape.inputs[1])],
-                                      T=dtype, Tshape=plan.reshape.inputs[1].dtype)
-    if not plan.training:
-        # Keep the original batch norm (and its moving-average updates) fed
-        # with the unscaled layer output: exact, and computed only when
-        # something still reads it (a fetch of the old output).
-        emitted.unscaled = node(prefix + "div_fold", "Mul",
-                                [ext(plan.layer_output), activation_layout(inverse)], T=dtype)
-    if plan.training and frozen is not None and not use_cond:
-        emitted.select = batch.node(
-            batch.unique_name(prefix + "select_fold"), "Select",
-            [ext(frozen), emitted.folded, ext(bn.output)], device=bn.op.device, T=dtype,
-            _gradient_op_type=_SELECT_GRADIENT)
-    return emitted
-
-
-def _reroute(new: tf.Tensor, old: tf.Tensor, consumers: List[tf.Operation]) -> None:
-    """Makes `consumers` read `new` wherever they read `old`."""
-    for op in consumers:
-        for i, t in enumerate(op.inputs):
-            if t is old:
-                op._update_input(i, new)  # pylint: disable=protected-access
-
-
-def _finish(plan: fold_plan.FoldPlan, emitted: _Emitted, batch: node_batch.NodeBatch, ops,
-            graph: tf.Graph, freeze: Optional[_Freeze], use_cond: bool) -> FoldedLayer:
-    """Wires one fold's imported ops into the graph."""
-    bn, layer_op = plan.bn, plan.layer_op
-    folded_w = batch.tensor(ops, emitted.weights)
-    if plan.training:
-        # The layer reads unscale_fold = w*s / s; its consumers are unchanged.
-        layer_op._update_input(1, batch.tensor(ops, emitted.unscaled))  # pylint: disable=protected-access
-    else:
-        layer_op._update_input(1, folded_w)  # pylint: disable=protected-access
-        _reroute(batch.tensor(ops, emitted.unscaled), plan.layer_output, plan.old_consumers)
-    output = batch.tensor(ops, emitted.select or emitted.folded)
-    if output is None:
-        output = bn.output
-    frozen = freeze.frozen if (plan.training and freeze is not None) else None
-    if frozen is not None and use_cond:
-        b_fold = batch.tensor(ops, emitted.b_fold)
-        rescale = batch.tensor(ops, emitted.rescale)
-        ctx = layer_op.name.rpartition("/")[0]
-        layer_output = plan.layer_output
-
+    def build(frozen_t, layer_output, b, s, bn_out, shape=None):
         def folded_branch():
-            out = tf.multiply(layer_output, rescale, name="rescale_fold")
-            out = tf.nn.bias_add(out, b_fold,
-                                 data_format="NCHW" if plan.channels_first else None,
+            out = tf.multiply(layer_output, s, name="rescale_fold")
+            out = tf.nn.bias_add(out, b, data_format="NCHW" if plan.channels_first else None,
                                  name="BiasAdd_Fold")
-            if plan.reshape is not None:
-                out = tf.reshape(out, plan.reshape.inputs[1], name="Reshape_Fold")
+            if shape is not None:
+                out = tf.reshape(out, shape, name="Reshape_Fold")
             return out
 
-        bn_out = bn.output
-        with graph.name_scope((ctx + "/") if ctx else None), graph.device(bn.op.device):
-            output = tf.cond(frozen, folded_branch, lambda: tf.identity(bn_out),
-                             name="select_fold")
-    if frozen is not None:
+        return [tf.cond(frozen_t, folded_branch, lambda: tf.identity(bn_out))]
+
+    refs = rewrite.nodes.python_ops((ctx + "/" if ctx else "") + "select_fold", inputs,
+                                    build, device=bn.op.device)
+    return refs[0]
+
+
+def _wire(plan: fold_plan.FoldPlan, emitted: emit_lib.Emitted, rewrite: rewrite_lib.Rewrite,
+          freeze: Optional[_Freeze], use_cond: bool) -> Optional[str]:
+    """Adds one fold's reroutes to `rewrite`; returns the new output node."""
+    bn, layer_op = plan.bn, plan.layer_op
+    if plan.training:
+        # The layer reads unscale_fold = w*s / s; its consumers are unchanged.
+        rewrite.reroute(layer_op, 1, emitted.unscaled)
+    else:
+        rewrite.reroute(layer_op, 1, emitted.weights)
+        rewrite.reroute_consumers(plan.layer_output, emitted.unscaled, plan.old_consumers)
+    output = emitted.select or emitted.folded
+    if plan.training and freeze is not None:
+        if use_cond:
+            output = _cond_output(plan, emitted, rewrite, freeze.frozen)
         for update in bn.updates:
-            _freeze_update(update, bn, freeze, graph)
-    if output is not bn.output:
-        _reroute(output, bn.output, emitted.bn_consumers)
-    graph.add_to_collection(FOLDED_BATCH_NORMS_COLLECTION, bn.op.name)
-    bias_add = ops[emitted.bias_add] if emitted.bias_add else None
-    return FoldedLayer(layer_op=layer_op, batch_norm=bn.op.name, weights=folded_w,
-                       bias_add=bias_add, output=output, training=plan.training,
-                       frozen=frozen)
+            _freeze_update(update, bn, freeze, rewrite)
+    if output is not None:
+        rewrite.reroute_consumers(bn.output, output, emitted.bn_consumers)
+    return output
 
 
-def _freeze_update(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
-                   freeze: _Freeze, graph: tf.Graph) -> None:
-    op = update.op
-    value = op.inputs[1]
-    scope = op.name.rpartition("/")[0]
-    with graph.name_scope((scope + "/") if scope else None), graph.device(op.device):
-        if update.is_delta:
-            new = tf.multiply(value, freeze.keep(value.dtype.base_dtype), name="freeze_fold")
-        else:
-            is_mean = (bn.mean_variable is not None
-                       and bn_lib.same_tensor(update.variable, bn.mean_variable))
-            current = bn.moving_mean if is_mean else bn.moving_variance
-            if current is None:
-                current = _read(update.variable, value.dtype.base_dtype)
-            new = tf.where(freeze.frozen, current, value, name="freeze_fold")
-    op._update_input(1, new)  # pylint: disable=protected-access
+def _already_folded(bn: bn_lib.BatchNorm) -> bool:
+    """Whether qat already folded `bn`: its data comes through qat's fold ops.
+
+    Eval folds feed the kept batch norm from div_fold; training folds make
+    the layer before it read unscale_fold.
+    """
+    t = bn.input
+    for _ in range(4):
+        op = t.op
+        if marks.made_by_qat(op, marks.FOLD):
+            return True
+        if op.type in layer_patterns.LAYER_TYPES:
+            weights = op.inputs[1].op
+            return marks.made_by_qat(weights, marks.FOLD)
+        if not op.inputs:
+            return False
+        t = op.inputs[0]
+    return False
+
+
+def fold_record(config: config_lib.RewriteConfig, use_cond: bool = False) -> str:
+    """The settings a fold records in the graph (see qat.engine.preconditions)."""
+    return (f"is_training={config.is_training!r}, "
+            f"freeze_bn_delay={config.freeze_bn_delay!r}, use_cond={use_cond!r}")
+
+
+def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
+               use_cond: bool = False) -> FoldResult:
+    """The fold pass on a resolved graph with a validated configuration.
+
+    Raises:
+      ValueError: if the graph has optimizer ops or was folded with other
+        settings;
+        qat.engine.rewrite.RewriteError if the new ops fail their checks. The
+        graph is then unchanged.
+    """
+    preconditions.check_no_optimizer_ops(graph)
+    record = fold_record(config, use_cond)
+    done = preconditions.check_previous_rewrite(graph, "fold", record)
+    batch_norms, unreachable = bn_lib.find_batch_norms(graph)
+    skipped = [SkippedBatchNorm(name, reason) for name, reason in unreachable]
+    plans = []
+    for bn in batch_norms:
+        if _already_folded(bn):
+            continue
+        if bn.mean.dtype.base_dtype != bn.input.dtype.base_dtype:
+            skipped.append(SkippedBatchNorm(bn.op.name, (
+                f"its layer computes in {bn.input.dtype.name} and its statistics are "
+                f"{bn.mean.dtype.name} (mixed precision): not folded")))
+            continue
+        try:
+            plans.append(fold_plan.plan_fold(bn, config.is_training))
+        except fold_plan.CannotFold as e:
+            skipped.append(SkippedBatchNorm(bn.op.name, str(e)))
+    for s in skipped:
+        logging.warning("fold_batch_norms: batch norm %s not folded: %s", s.name, s.reason)
+
+    rewrite = rewrite_lib.Rewrite(graph, marks.FOLD)
+    freeze = None
+    if config.freeze_bn_delay is not None and any(p.training for p in plans):
+        freeze = _Freeze(rewrite, config.freeze_bn_delay)
+    frozen = freeze.frozen if freeze is not None else None
+    emitted = [emit_lib.emit(plan, rewrite.nodes, frozen if plan.training else None, use_cond)
+               for plan in plans]
+    outputs = [_wire(plan, e, rewrite, freeze, use_cond) for plan, e in zip(plans, emitted)]
+    if not done:
+        rewrite.add_to_collection(preconditions.REWRITES_COLLECTION,
+                                  preconditions.record_rewrite("fold", record))
+    ops = rewrite_lib.apply(rewrite)
+    nodes = rewrite.nodes
+    folded = []
+    for plan, e, output in zip(plans, emitted, outputs):
+        training_freeze = plan.training and freeze is not None
+        folded.append(FoldedLayer(
+            layer_op=plan.layer_op, batch_norm=plan.bn.op.name,
+            weights=nodes.tensor(ops, e.weights),
+            bias_add=ops[e.bias_add] if e.bias_add else None,
+            output=nodes.tensor(ops, output) if output else plan.bn.output,
+            training=plan.training,
+            frozen=nodes.tensor(ops, frozen) if training_freeze else None))
+    logging.info("fold_batch_norms: folded %d batch norms (%s), skipped %d.",
+                 len(folded), "training" if config.is_training else "eval", len(skipped))
+    return FoldResult(folded=folded, skipped=skipped)
 
 
 def fold_batch_norms(graph: Optional[tf.Graph] = None,
@@ -458,49 +390,26 @@ def fold_batch_norms(graph: Optional[tf.Graph] = None,
       use_cond: training structure with a freeze delay only: choose between
         the batch-norm and the folded output with a functional `tf.cond` (an
         If op whose true branch holds BiasAdd_Fold) instead of a Select, so
-        only one branch runs (float training step time x1.14 instead of
-        x1.24 on MobileNetV2, CPU, tools/bench_fold.py --step_time_steps=15).
-        Without a delay there is nothing to choose and it changes nothing.
+        only one branch runs (faster steps before the freeze; the README
+        quotes the figures). Without a delay there is nothing to choose and
+        it changes nothing.
 
     Returns:
       A `FoldResult`: `folded` lists a `FoldedLayer` per folded batch norm,
       `skipped` the batch norms left alone with the reason (also logged).
 
     Raises:
-      RuntimeError: if the graph is finalized.
-      ValueError: if `graph` is a FuncGraph or the delay is negative.
+      RuntimeError: in eager mode without a graph, or if the graph is
+        finalized.
+      ValueError: for the graph of a tf.function, a delay that is not an int
+        >= 0, or a graph already folded with other settings. A refused call
+        leaves the graph unchanged.
+      TypeError: for flags that are not bools.
     """
-    graph = graph or tf.compat.v1.get_default_graph()
-    ge_util.check_graph_modifiable(graph, "fold batch norms of")
-    if freeze_batch_norm_delay is not None and freeze_batch_norm_delay < 0:
-        raise ValueError("freeze_batch_norm_delay must be >= 0 or None, got %r"
-                         % (freeze_batch_norm_delay,))
-    done = set(graph.get_collection(FOLDED_BATCH_NORMS_COLLECTION))
-    batch_norms, unreachable = bn_lib.find_batch_norms(graph)
-    skipped = [SkippedBatchNorm(name, reason) for name, reason in unreachable]
-    plans = []
-    for bn in batch_norms:
-        if bn.op.name in done:
-            continue
-        try:
-            plans.append(fold_plan.plan_fold(bn, is_training))
-        except fold_plan.CannotFold as e:
-            skipped.append(SkippedBatchNorm(bn.op.name, str(e)))
-    for s in skipped:
-        logging.warning("fold_batch_norms: batch norm %s not folded: %s", s.name, s.reason)
-
-    folded = []
-    with graph.as_default(), graph.control_dependencies(None), graph.name_scope(None):
-        freeze = None
-        if freeze_batch_norm_delay is not None and any(p.training for p in plans):
-            freeze = _Freeze(graph, freeze_batch_norm_delay)
-        frozen = freeze.frozen if freeze is not None else None
-        batch = node_batch.NodeBatch(graph)
-        emitted = [_emit(plan, batch, frozen if plan.training else None, use_cond)
-                   for plan in plans]
-        ops = batch.build()
-        for plan, e in zip(plans, emitted):
-            folded.append(_finish(plan, e, batch, ops, graph, freeze, use_cond))
-    logging.info("fold_batch_norms: folded %d batch norms (%s), skipped %d.",
-                 len(folded), "training" if is_training else "eval", len(skipped))
-    return FoldResult(folded=folded, skipped=skipped)
+    graph = preconditions.resolve_graph(graph, "fold_batch_norms")
+    config_lib.check_delay(freeze_batch_norm_delay, "freeze_batch_norm_delay")
+    config = config_lib.RewriteConfig(is_training=is_training,
+                                      freeze_bn_delay=freeze_batch_norm_delay)
+    if not isinstance(use_cond, bool):
+        raise TypeError(f"use_cond must be a bool, got {type(use_cond).__name__}.")
+    return fold_graph(graph, config, use_cond)

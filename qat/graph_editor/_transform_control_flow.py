@@ -16,6 +16,8 @@ import tensorflow as tf
 from tensorflow.core.protobuf import control_flow_pb2
 from tensorflow.python.ops import control_flow_ops
 
+from qat.graph_editor import _walks
+
 
 def _function_names_in_attrs(attrs) -> List[str]:
     names = []
@@ -162,3 +164,41 @@ def restore_control_flow_contexts(info) -> None:
             continue
         with info.graph_.as_default():
             control_flow_ops.from_control_flow_context_def(context_def)
+
+
+def _context_ops(graph: tf.Graph, context) -> List[tf.Operation]:
+    """The ops of a v1 control-flow context and of the contexts nested in it."""
+    # pylint: disable=protected-access
+    result = []
+    stack = [context]
+    while stack:
+        ctx = stack.pop()
+        external = ctx._external_values
+        for name in sorted(ctx._values):
+            if name not in external:
+                result.append(graph.get_operation_by_name(name.split(":")[0]))
+        stack.extend(ctx._nested_contexts)
+    return result
+
+
+def add_control_flow_ops(ops: List[tf.Operation], control_ios) -> None:
+    """Completes `ops` with the whole control-flow-v1 loops and conds they are in.
+
+    Copying part of a `while_loop` frame gives a malformed graph, and a
+    partial copy of a loop or a cond cannot be differentiated, so every op of
+    the outermost enclosing contexts (and, for loops, every op between their
+    Enter and Exit ops) is added.
+    """
+    new_ops = []
+    for context in outermost_contexts(ops):
+        new_ops += _context_ops(ops[0].graph, context)
+        if context.IsWhileContext():
+            new_ops += _walks.get_walks_intersection_ops(
+                [enter_t.op for enter_t in context.loop_enters],
+                [exit_t.op for exit_t in context.loop_exits],
+                control_ios=control_ios)
+    ops_set = set(ops)
+    for op in new_ops:
+        if op not in ops_set:
+            ops_set.add(op)
+            ops.append(op)

@@ -376,44 +376,6 @@ def copy_with_input_replacements(sgv, replacement_ts: Dict[tf.Tensor, tf.Tensor]
     return copier(sgv, dst_graph, dst_scope, src_scope, reuse_dst_scope=reuse_dst_scope)
 
 
-def _context_ops(graph: tf.Graph, context) -> List[tf.Operation]:
-    """The ops of a v1 control-flow context and of the contexts nested in it."""
-    # pylint: disable=protected-access
-    result = []
-    stack = [context]
-    while stack:
-        ctx = stack.pop()
-        external = ctx._external_values
-        for name in sorted(ctx._values):
-            if name not in external:
-                result.append(graph.get_operation_by_name(name.split(":")[0]))
-        stack.extend(ctx._nested_contexts)
-    return result
-
-
-def _add_control_flow_ops(ops: List[tf.Operation], control_ios) -> None:
-    """Completes `ops` with the whole control-flow-v1 loops and conds they are in.
-
-    Copying part of a `while_loop` frame gives a malformed graph, and a
-    partial copy of a loop or a cond cannot be differentiated, so every op of
-    the outermost enclosing contexts (and, for loops, every op between their
-    Enter and Exit ops) is added.
-    """
-    new_ops = []
-    for context in _transform_control_flow.outermost_contexts(ops):
-        new_ops += _context_ops(ops[0].graph, context)
-        if context.IsWhileContext():
-            new_ops += select.get_walks_intersection_ops(
-                [enter_t.op for enter_t in context.loop_enters],
-                [exit_t.op for exit_t in context.loop_exits],
-                control_ios=control_ios)
-    ops_set = set(ops)
-    for op in new_ops:
-        if op not in ops_set:
-            ops_set.add(op)
-            ops.append(op)
-
-
 def graph_replace(target_ts, replacement_ts: Dict[tf.Tensor, tf.Tensor], dst_scope: str = "",
                   src_scope: str = "", reuse_dst_scope: bool = False):
     """Creates a copy of the graph computing `target_ts` from `replacement_ts`.
@@ -446,7 +408,7 @@ def graph_replace(target_ts, replacement_ts: Dict[tf.Tensor, tf.Tensor], dst_sco
         list(replacement_ts.keys()), flatten_target_ts, control_ios=control_ios)
     if not ops:
         raise ValueError("Targets and replacements are not connected!")
-    _add_control_flow_ops(ops, control_ios)
+    _transform_control_flow.add_control_flow_ops(ops, control_ios)
     _, info = copy_with_input_replacements(
         ops, replacement_ts, None, dst_scope, src_scope, reuse_dst_scope)
     return info.transformed(target_ts, missing_fn=lambda original_t: original_t)

@@ -31,6 +31,9 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from qat.engine import marks
+from qat.engine import rewrite as rewrite_lib
+
 GRADIENT_OP_TYPE = "QatFakeQuantInputGrad"
 DELAYED_GRADIENT_OP_TYPE = "QatDelayedQuantGrad"
 
@@ -85,36 +88,67 @@ def nudged_range(min_value: tf.Tensor, max_value: tf.Tensor, quant_min,
             tf.where(both_zero, np.inf, nudged_max))
 
 
-def precompute_nudged_ranges(fake_quant_ops: Sequence[tf.Operation],
-                             scope: str = "nudged_ranges/") -> None:
+def add_nudged_ranges(rewrite, fake_quants: Sequence[tuple], scope: str) -> None:
     """Computes the nudged ranges of per-tensor FakeQuant ops as two vectors.
 
     The gradients of these ops then read their entries instead of building
-    the nudge for each op. Per-channel ops are left to the gradient.
+    the nudge for each op.
+
+    Args:
+      rewrite: the `qat.engine.rewrite.Rewrite` that adds the FakeQuant ops.
+      fake_quants: (FakeQuant, min, max, num_bits, narrow_range) of
+        per-tensor FakeQuant ops: nodes of the rewrite, or ops and tensors
+        of the graph.
+      scope: name scope of the new ops.
+    """
+    if not fake_quants:
+        return
+    bounds = np.array([quant_bounds(num_bits, narrow)
+                       for _, _, _, num_bits, narrow in fake_quants], np.float32)
+    count = len(fake_quants)
+
+    def scalar(ref):
+        return ref if isinstance(ref, tf.Tensor) else (ref, tf.float32, [])
+
+    inputs = ([scalar(lo) for _, lo, _, _, _ in fake_quants]
+              + [scalar(hi) for _, _, hi, _, _ in fake_quants])
+
+    def build(*ranges):
+        lo, hi = nudged_range(tf.stack(ranges[:count]), tf.stack(ranges[count:]),
+                              bounds[:, 0], bounds[:, 1])
+        return tf.unstack(lo) + tf.unstack(hi)
+
+    refs = rewrite.nodes.python_ops(scope, inputs, build)
+
+    def register(ops):
+        known = _NUDGED_RANGES.setdefault(rewrite.graph, {})
+        for k, (fake_quant, lo, hi, _, _) in enumerate(fake_quants):
+            op = fake_quant if isinstance(fake_quant, tf.Operation) else ops[fake_quant]
+            pair = (rewrite.nodes.tensor(ops, refs[k]),
+                    rewrite.nodes.tensor(ops, refs[count + k]))
+            known[op.name] = ((op.inputs[1], op.inputs[2]), pair)
+
+    rewrite.after_import(register)
+
+
+def precompute_nudged_ranges(fake_quant_ops: Sequence[tf.Operation],
+                             scope: str = "nudged_ranges") -> None:
+    """`add_nudged_ranges` for FakeQuant ops already in a graph.
 
     Args:
       fake_quant_ops: FakeQuantWithMinMaxVars ops of one graph, with scalar
         min and max (others are ignored).
-      scope: name scope of the new ops (absolute when it ends with "/").
+      scope: name scope of the new ops.
     """
     ops = [op for op in fake_quant_ops
            if op.type == "FakeQuantWithMinMaxVars"
            and op.inputs[1].shape.rank == 0 and op.inputs[2].shape.rank == 0]
     if not ops:
         return
-    graph = ops[0].graph
-    bounds = np.array([quant_bounds(op.get_attr("num_bits"),
-                                    op.get_attr("narrow_range"))
-                       for op in ops], np.float32)
-    with graph.as_default(), graph.control_dependencies(None), \
-            tf.compat.v1.name_scope(scope):
-        lo, hi = nudged_range(tf.stack([op.inputs[1] for op in ops]),
-                              tf.stack([op.inputs[2] for op in ops]),
-                              bounds[:, 0], bounds[:, 1])
-        pairs = zip(tf.unstack(lo), tf.unstack(hi))
-    known = _NUDGED_RANGES.setdefault(graph, {})
-    for op, pair in zip(ops, pairs):
-        known[op.name] = ((op.inputs[1], op.inputs[2]), pair)
+    rewrite = rewrite_lib.Rewrite(ops[0].graph, marks.QUANTIZER)
+    add_nudged_ranges(rewrite, [(op, op.inputs[1], op.inputs[2], op.get_attr("num_bits"),
+                                 op.get_attr("narrow_range")) for op in ops], scope)
+    rewrite_lib.apply(rewrite)
 
 
 def has_input_only_gradient(op: tf.Operation) -> bool:

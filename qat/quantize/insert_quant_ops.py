@@ -1,9 +1,10 @@
 """The insert_quant_ops pass: FakeQuant ops on weights and activations.
 
-The pass first plans every quantizer on the unchanged graph
-(`qat.quantize.plan`, so a bad input leaves the graph untouched), then builds
-them all with one GraphDef import (`quantizer_batch.QuantizerBatch`) and reroutes
-the consumers with `qat.graph_editor.reroute_ts`.
+The pass plans every quantizer on the unchanged graph (`qat.quantize.plan`),
+describes all of them (`quantizer_batch.QuantizerBatch`), the consumers they
+take over and, in eval graphs, the standalone batch-norm replacements as one
+`qat.engine.rewrite.Rewrite`, which is checked before it is applied: a bad
+input leaves the graph untouched.
 
 What gets a range (names as in `tf.contrib.quantize`; ctx is the scope of the
 layer op, `net/conv1` for `net/conv1/Conv2D`):
@@ -47,31 +48,78 @@ add (data operand). Gradient ops - those `tf.gradients` built (they record
 their forward op), gradient kernels, and everything downstream of them - never
 get FakeQuant ops and keep reading float tensors.
 """
+import dataclasses
 from typing import List, Optional
 
 from absl import logging
 import tensorflow as tf
 
-from qat.quantize import quantizer_batch
-from qat.quantize import patterns as qp
-from qat.quantize import standalone_batch_norm
+from qat.engine import config as config_lib
+from qat.engine import marks
+from qat.engine import preconditions
+from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
-from qat.graph_editor import reroute
+from qat.quantize import quantizer_batch
+from qat.quantize import standalone_batch_norm
 from qat.quantize.plan import Plan
 from qat.quantize.plan import Planner
 from qat.quantize.plan import existing_quantizer  # pylint: disable=unused-import
 from qat.quantize.plan import is_quantized_output  # pylint: disable=unused-import
 
 
-def _reroute(new: tf.Tensor, old: tf.Tensor, consumers) -> None:
-    if consumers:
-        reroute.reroute_ts(new, old, can_modify=consumers)
+@dataclasses.dataclass
+class Quantizer:
+    """One quantizer the pass built.
+
+    Attributes:
+      tensor: the float tensor it quantizes.
+      output: what the tensor's consumers now read.
+      name: its name scope (`<prefix>`: variables `<prefix>/min|max`).
+      kind: `weights_quant`, `act_quant`, `conv_quant`, `add_quant`, ...
+      bits: its bit width.
+      per_channel: one range per output channel.
+      symmetric: a symmetric range.
+    """
+    tensor: tf.Tensor
+    output: tf.Tensor
+    name: str
+    kind: str
+    bits: int
+    per_channel: bool
+    symmetric: bool
 
 
-def _spec(plan: Plan, is_training: bool, weight_bits: int,
-          activation_bits: int, symmetric: bool, ema_decay: float,
-          quant_delay: Optional[int], vars_collection: Optional[str],
-          symmetric_weights: bool = False) -> quantizer_batch.QuantizerSpec:
+@dataclasses.dataclass
+class LeftFloat:
+    """A tensor or layer the pass left float, and why."""
+    name: str
+    reason: str
+
+
+@dataclasses.dataclass
+class QuantizeResult:
+    """What `insert_quant_ops` did.
+
+    Attributes:
+      quantizers: every quantizer built, in planning order.
+      left_float: tensors and layers deliberately left float, with reasons.
+    """
+    quantizers: List[Quantizer]
+    left_float: List[LeftFloat]
+
+    @property
+    def names(self) -> List[str]:
+        """The quantizers' name scopes."""
+        return [q.name for q in self.quantizers]
+
+
+def _kind(prefix: str) -> str:
+    kind = prefix.rsplit("/", 1)[-1]
+    base, _, suffix = kind.rpartition("_")
+    return base if suffix.isdigit() and base.endswith("quant") else kind
+
+
+def _spec(plan: Plan, config: config_lib.RewriteConfig) -> quantizer_batch.QuantizerSpec:
     t = plan.tensor
     reshape = None
     if (plan.is_weight and plan.per_channel and t.shape.rank == 4
@@ -82,15 +130,15 @@ def _spec(plan: Plan, is_training: bool, weight_bits: int,
         reshape = [h, w, cin * mult]
     return quantizer_batch.QuantizerSpec(
         inputs=t, prefix=plan.prefix, moving_average=not plan.is_weight,
-        is_training=is_training,
-        num_bits=weight_bits if plan.is_weight else activation_bits,
+        is_training=config.is_training,
+        num_bits=config.weight_bits if plan.is_weight else config.activation_bits,
         narrow_range=plan.is_weight,
         # Narrow and symmetric weights: [-a, a] on [-127, 127], zero point 0
         # in int8, as the int8 TFLite kernels require.
-        symmetric=symmetric or (plan.is_weight and symmetric_weights),
-        per_channel=plan.per_channel, ema_decay=ema_decay,
-        init_min=plan.init_min, init_max=6.0, quant_delay=quant_delay,
-        vars_collection=vars_collection, channel_reshape=reshape,
+        symmetric=config.weights_symmetric() if plan.is_weight else config.symmetric,
+        per_channel=plan.per_channel, ema_decay=config.ema_decay,
+        init_min=plan.init_min, init_max=6.0, quant_delay=config.quant_delay,
+        vars_collection=config.vars_collection, channel_reshape=reshape,
         nonnegative=t.op.type in ("Relu", "Relu6"))
 
 
@@ -106,7 +154,7 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
                      vars_collection: Optional[str] = (
                          tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES),
                      symmetric_weights: bool = False,
-                     ) -> List[str]:
+                     ) -> QuantizeResult:
     """Inserts FakeQuant ops into `graph` in place (see the module docstring).
 
     Run after `fold_batch_norms` and before the optimizer's `minimize()`.
@@ -116,8 +164,8 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
       graph: the graph to rewrite; the default graph when None.
       is_training: True for a training graph (range variables are updated),
         False for an eval graph (FakeQuant ops read the variables).
-      weight_bits: bit width of weights, 2..16.
-      activation_bits: bit width of activations, 2..16.
+      weight_bits: bit width of weights, 2..8.
+      activation_bits: bit width of activations, 2..8.
       symmetric: symmetric ranges for weights and activations.
       per_channel: one weight range per output channel.
       ema_decay: decay of the activation range moving averages.
@@ -131,59 +179,103 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
         says (asymmetric by default, no bit wasted after a ReLU).
 
     Returns:
-      The name prefixes of the quantizers created.
+      A `QuantizeResult`: the quantizers built and what was left float.
 
     Raises:
-      ValueError: on bad arguments, or if the graph already has optimizer
-        update ops. The graph is left unchanged.
-      RuntimeError: if the graph is finalized.
+      ValueError: on bad arguments, if the graph already has optimizer
+        update ops, or was quantized with other settings. The graph is left
+        unchanged.
+      TypeError: for flags of the wrong type.
+      RuntimeError: in eager mode without a graph, or if the graph is
+        finalized.
     """
-    graph = graph or tf.compat.v1.get_default_graph()
-    quantizer_batch.validate_num_bits(weight_bits, "weight_bits")
-    quantizer_batch.validate_num_bits(activation_bits, "activation_bits")
-    if not isinstance(symmetric_weights, bool):
-        raise ValueError("symmetric_weights must be a bool, got "
-                         f"{symmetric_weights!r}.")
-    if not 0.0 <= float(ema_decay) <= 1.0:
-        raise ValueError(f"ema_decay must be in [0, 1], got {ema_decay!r}.")
-    if quant_delay is not None and (isinstance(quant_delay, bool) or
-                                    not isinstance(quant_delay, int) or
-                                    quant_delay < 0):
-        raise ValueError(
-            f"quant_delay must be None or a non-negative int, got {quant_delay!r}.")
-    if scope is not None and not isinstance(scope, str):
-        raise ValueError(f"scope must be a string or None, got {scope!r}.")
-    if graph.finalized:
-        raise RuntimeError(
-            "The graph is finalized (a Session or MonitoredSession finalized "
-            "it): insert quant ops before creating the session.")
-    check_no_optimizer_ops(graph)
-    planner = Planner(graph, is_training, scope, per_channel)
+    graph = preconditions.resolve_graph(graph, "insert_quant_ops")
+    config = config_lib.RewriteConfig(
+        is_training=is_training, weight_bits=weight_bits,
+        activation_bits=activation_bits, symmetric=symmetric,
+        per_channel=per_channel, ema_decay=ema_decay, quant_delay=quant_delay,
+        scope=scope, vars_collection=vars_collection,
+        symmetric_weights=symmetric_weights)
+    return quantize_graph(graph, config)
+
+
+def _quantize_record(config: config_lib.RewriteConfig) -> str:
+    # The fold's setting is not the quantize pass's business.
+    return dataclasses.replace(config, freeze_bn_delay=None).describe()
+
+
+def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> QuantizeResult:
+    """The pass on a resolved graph with a validated configuration.
+
+    Raises:
+      ValueError: optimizer ops in the graph, or an earlier quantize rewrite
+        with other settings; qat.engine.rewrite.RewriteError if the new ops
+        fail their checks. The graph is then unchanged.
+    """
+    preconditions.check_no_optimizer_ops(graph)
+    record = _quantize_record(config)
+    done = preconditions.check_previous_rewrite(graph, "quantize", record)
+    planner = Planner(graph, config.is_training, config.scope, config.per_channel)
     plans = planner.run()
-    if not plans:
-        return []
-    batch = quantizer_batch.QuantizerBatch(graph)
-    specs = [_spec(plan, is_training, weight_bits, activation_bits, symmetric,
-                   ema_decay, quant_delay, vars_collection, symmetric_weights)
-             for plan in plans]
-    for spec in specs:
-        spec.validate()
-    step = None
-    if quant_delay:
-        step = step_counter.get_or_create_quantization_step(graph)
-    for spec in specs:
-        batch.add(spec, step)
-    outputs = batch.build()
-    for plan, out in zip(plans, outputs):
-        _reroute(out, plan.tensor, plan.consumers)
+    left_float = [LeftFloat(name, reason)
+                  for name, reason in getattr(planner, "left_float", [])]
+    rewrite = rewrite_lib.Rewrite(graph, marks.QUANTIZER)
+    batch = quantizer_batch.QuantizerBatch(rewrite)
+    step = step_counter.step_for(rewrite) if config.quant_delay else None
+    specs = [_spec(plan, config) for plan in plans]
+    indices = {}   # plan position -> quantizer index
+    quantized = {}  # tensor -> node its consumers read instead
+
+    def add(k, input_ref=None):
+        plan = plans[k]
+        indices[k] = batch.add(specs[k], step, input_ref=input_ref)
+        out = batch.output(indices[k])
+        quantized[plan.tensor] = out
+        rewrite.reroute_consumers(plan.tensor, out, plan.consumers)
         for layer in plan.weight_sharers:
-            _reroute(out, layer.inputs[1], [layer])
+            rewrite.reroute(layer, 1, out)
+
+    # In eval graphs a standalone batch norm becomes a 1x1 depthwise conv
+    # reading its (quantized) input; the quantizer of its output and its
+    # other consumers read the conv.
+    standalone = [] if config.is_training else list(planner.standalone_bns)
+    bn_outputs = {bn.outputs[0] for bn in standalone}
+    for k, plan in enumerate(plans):
+        if plan.tensor not in bn_outputs:
+            add(k)
+    for bn in standalone:
+        out = bn.outputs[0]
+        x = bn.inputs[0]
+        x_ref = (quantized[x], x.dtype, x.shape) if x in quantized else None
+        new = standalone_batch_norm.add_depthwise(rewrite, bn, config.per_channel, x_ref)
+        if new is None:
+            continue
+        rerouted = set()
+        for k, plan in enumerate(plans):
+            if plan.tensor is out:
+                add(k, input_ref=new)
+                rerouted.update(plan.consumers)
+        rewrite.reroute_consumers(out, new, [c for c in out.consumers() if c not in rerouted])
+    for k, plan in enumerate(plans):
+        if k not in indices:
+            add(k)  # A standalone batch norm that keeps its float form.
+    batch.finish()
+    if not done:
+        rewrite.add_to_collection(preconditions.REWRITES_COLLECTION,
+                                  preconditions.record_rewrite("quantize", record))
+    ops = rewrite_lib.apply(rewrite)
+    quantizers = []
+    for k, (plan, spec) in enumerate(zip(plans, specs)):
+        out = rewrite.nodes.tensor(ops, batch.output(indices[k]))
+        quantizers.append(Quantizer(
+            tensor=plan.tensor, output=out, name=batch.prefix(indices[k]),
+            kind=_kind(plan.prefix), bits=spec.num_bits,
+            per_channel=spec.per_channel, symmetric=spec.symmetric))
         if not plan.consumers and not plan.weight_sharers:
             _warn_unconsumed(plan.tensor, out)
-    if not is_training:
-        for bn in planner.standalone_bns:
-            standalone_batch_norm.replace_with_depthwise(bn, per_channel)
-    return [plan.prefix for plan in plans]
+    for item in left_float:
+        logging.warning("qat: left float: %s (%s)", item.name, item.reason)
+    return QuantizeResult(quantizers=quantizers, left_float=left_float)
 
 
 def _warn_unconsumed(tensor: tf.Tensor, quantized: tf.Tensor) -> None:
@@ -198,16 +290,4 @@ def _warn_unconsumed(tensor: tf.Tensor, quantized: tf.Tensor) -> None:
         quantized.name)
 
 
-def check_no_optimizer_ops(graph: tf.Graph) -> None:
-    """Raises ValueError if `graph` has optimizer update ops.
-
-    Raises:
-      ValueError: naming the first optimizer op found.
-    """
-    for op in graph.get_operations():
-        if qp.is_optimizer_op(op):
-            raise ValueError(
-                f"The graph already has optimizer update ops (e.g. '{op.name}', "
-                f"{op.type}): the quantization rewrite must come before "
-                "`optimizer.minimize()` / `apply_gradients()`. Build the model, "
-                "call qat's create_*_graph, then add the optimizer.")
+check_no_optimizer_ops = preconditions.check_no_optimizer_ops

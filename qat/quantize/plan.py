@@ -46,8 +46,10 @@ def _in_scope(op: tf.Operation, scope: Optional[str]) -> bool:
 
 
 def _is_float(t: tf.Tensor) -> bool:
-    # FakeQuant ops take float32 only; other tensors are left alone.
-    return t.dtype == tf.float32
+    # FakeQuant ops take float32 only; other tensors are left alone, and so
+    # are a fused batch norm's statistics outputs (only output 0 is data).
+    return t.dtype == tf.float32 and not (
+        t.value_index and t.op.type in qp.BATCH_NORM_TYPES)
 
 
 def _reaches(start: tf.Operation, target: tf.Operation, depth: int = 5) -> bool:

@@ -30,22 +30,23 @@ adds them to the graph with one `import_graph_def` (done in C++), then wraps
 the range variables in `tf.Variable` objects from their VariableDefs.
 """
 import dataclasses
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import variable_pb2
-from tensorflow.python.ops import resource_variable_ops
 
+from qat.engine import config as config_lib
+from qat.engine import marks
+from qat.engine import rewrite as rewrite_lib
 from qat.quantize import fake_quant_gradient
-from qat.engine import node_batch
 
 # Name of the FakeQuant op inside each quantizer's scope (contrib's names).
 FAKE_QUANT_NAME = "FakeQuantWithMinMaxVars"
 FAKE_QUANT_TYPES = frozenset(
     ["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxVarsPerChannel"])
-MIN_NUM_BITS = 2
-MAX_NUM_BITS = 16
+MIN_NUM_BITS = config_lib.MIN_BITS
+MAX_NUM_BITS = config_lib.MAX_BITS
 DEFAULT_VARS_COLLECTION = tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES
 _FLOAT = tf.float32
 _INT32 = tf.int32
@@ -135,31 +136,41 @@ class QuantizerSpec:
 class QuantizerBatch(object):
     """Builds many quantizers with one GraphDef import.
 
+    Used in two ways: a pass hands it its `qat.engine.rewrite.Rewrite`, adds
+    quantizers, reroutes their consumers to `output(i)`, calls `finish()` and
+    applies the rewrite; or, standing alone, `QuantizerBatch(graph)` then
+    `add` and `build`, which applies its own rewrite.
+
     Args:
-      graph: the graph to add the quantizers to.
+      target: the graph to add the quantizers to, or the pass's rewrite.
     """
 
-    def __init__(self, graph: tf.Graph):
-        self._graph = graph
-        self._nodes = node_batch.NodeBatch(graph)
-        self._variables: List = []  # (VariableDef, collections)
+    def __init__(self, target: Union[tf.Graph, rewrite_lib.Rewrite]):
+        if isinstance(target, rewrite_lib.Rewrite):
+            self._rewrite, self._owns_rewrite = target, False
+        else:
+            self._rewrite = rewrite_lib.Rewrite(target, marks.QUANTIZER)
+            self._owns_rewrite = True
+        self._graph = self._rewrite.graph
+        self._nodes = self._rewrite.nodes
         self._outputs: List[str] = []
+        self._prefixes: List[str] = []
         self._shared: Dict[tuple, str] = {}
         self._shared_scope: Optional[str] = None
-        self._taken = set()
-        self._training_fake_quants: List[str] = []
+        self._training_fake_quants: List[tuple] = []
 
-    # --- NodeDef helpers (the batch mechanics are qat.engine.node_batch's) ----------
+    # --- NodeDef helpers (the batch mechanics are qat.engine.node_batch's) ----
 
     def _external(self, t: tf.Tensor) -> str:
         """A name the GraphDef uses for an existing tensor (input_map key)."""
         return self._nodes.external(t)
 
     def _node(self, name, op, inputs=(), control=(), **attrs) -> str:
-        return self._nodes.node(name, op, inputs, control=control, **attrs)
+        return self._nodes.node(name, op, inputs, control=control,
+                                device=self._device, **attrs)
 
     def _const(self, name, value, dtype) -> str:
-        return self._nodes.const(name, value, dtype)
+        return self._nodes.const(name, value, dtype, device=self._device)
 
     def _shared_const(self, kind: str, value, dtype) -> str:
         """A constant shared by every quantizer of the batch (fewer ops)."""
@@ -168,37 +179,29 @@ class QuantizerBatch(object):
         if key not in self._shared:
             name = "%s/%s_%d" % (self._shared_scope_name(), kind,
                                  len(self._shared))
-            self._shared[key] = self._const(name, array, dtype)
+            self._shared[key] = self._nodes.const(name, array, dtype)
         return self._shared[key]
 
     def _shared_scope_name(self) -> str:
         if self._shared_scope is None:
-            # A NoOp named like the scope marks it taken for later batches.
-            base, i = "quant_constants", 0
-            name = base
-            while self._op_exists(name):
-                i += 1
-                name = "%s_%d" % (base, i)
-            self._node(name, "NoOp")
+            # A NoOp named like the scope keeps the name taken for later batches.
+            name = self._nodes.unique_name("quant_constants")
+            self._nodes.node(name, "NoOp")
             self._shared_scope = name
         return self._shared_scope
 
-    def _op_exists(self, name: str) -> bool:
-        try:
-            self._graph.get_operation_by_name(name)
-            return True
-        except KeyError:
-            return False
+    _device = ""
 
-    def _activation_condition(self, step: tf.Tensor, delay: int) -> str:
+    def _activation_condition(self, step: Union[tf.Tensor, str], delay: int) -> str:
         """`step >= delay`, one op per delay value in the batch."""
         key = ("active", int(delay))
         if key not in self._shared:
             delay_const = self._shared_const("delay", int(delay), tf.int64)
-            self._shared[key] = self._node(
+            step_ref = step if isinstance(step, str) else self._external(step)
+            self._shared[key] = self._nodes.node(
                 "%s/activate_quant_%d" % (self._shared_scope_name(),
                                           len(self._shared)),
-                "GreaterEqual", [self._external(step), delay_const], T=_INT64)
+                "GreaterEqual", [step_ref, delay_const], T=_INT64)
         return self._shared[key]
 
     def _variable(self, prefix, name, shape, init, collections) -> str:
@@ -212,46 +215,40 @@ class QuantizerBatch(object):
                    dtype=_FLOAT)
         self._node(base + "/Read/ReadVariableOp", "ReadVariableOp", [base],
                    dtype=_FLOAT)
-        self._variables.append((variable_pb2.VariableDef(
+        self._rewrite.add_variable(variable_pb2.VariableDef(
             variable_name=base + ":0",
             initializer_name=base + "/Assign",
             snapshot_name=base + "/Read/ReadVariableOp:0",
             initial_value_name=init_value + ":0",
             trainable=False,
-            is_resource=True), collections))
+            is_resource=True), collections)
         return base
-
-    def _check_free(self, prefix: str) -> None:
-        if prefix in self._taken:
-            raise ValueError(f"Two quantizers named '{prefix}' in one batch.")
-        self._taken.add(prefix)
-        try:
-            self._graph.get_operation_by_name(prefix + "/min")
-        except KeyError:
-            return
-        raise ValueError(
-            f"A quantizer named '{prefix}' already exists in the graph.")
 
     # --- Quantizers -----------------------------------------------------------
 
     def add(self, spec: QuantizerSpec,
-            step: Optional[tf.Tensor] = None) -> int:
-        """Adds a quantizer; returns its index for `build()`'s result.
+            step: Union[tf.Tensor, str, None] = None,
+            input_ref: Optional[str] = None) -> int:
+        """Adds a quantizer; returns its index (`output`, `build()`'s result).
 
         Args:
-          spec: what to build (validated here).
-          step: the quantization step tensor, needed when spec.quant_delay.
+          spec: what to build (validated here). Its prefix is made unique: a
+            name scope no op of the graph uses (`<prefix>_<i>` otherwise).
+          step: the quantization step (a tensor or a node of the rewrite),
+            needed when spec.quant_delay.
+          input_ref: a node of the rewrite to quantize instead of
+            `spec.inputs` (same dtype and shape), e.g. its replacement.
 
         Raises:
-          ValueError: on bad settings or a name already taken.
+          ValueError: on bad settings.
         """
         spec.validate()
-        p = spec.prefix
-        self._check_free(p)
+        p = self._nodes.unique_name(spec.prefix)
+        self._prefixes.append(p)
         collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
         if spec.vars_collection:
             collections.append(spec.vars_collection)
-        x = self._external(spec.inputs)
+        x = input_ref or self._external(spec.inputs)
         if spec.channel_reshape:
             shape_const = self._const(p + "/Reshape/shape",
                                       list(spec.channel_reshape), tf.int32)
@@ -266,24 +263,28 @@ class QuantizerBatch(object):
         min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
         max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
         if spec.is_training:
-            lo, hi = self._updates(spec, x, rank, min_var, max_var)
+            lo, hi = self._updates(spec, p, x, rank, min_var, max_var)
         else:
             lo = min_var + "/Read/ReadVariableOp"
             hi = max_var + "/Read/ReadVariableOp"
         fq_type = ("FakeQuantWithMinMaxVarsPerChannel" if spec.per_channel
                    else "FakeQuantWithMinMaxVars")
+        last = not (spec.channel_reshape or spec.quant_delay)
         out = self._node(p + "/" + FAKE_QUANT_NAME, fq_type, [x, lo, hi],
                          num_bits=spec.num_bits,
                          narrow_range=bool(spec.narrow_range),
+                         **_output_mark(last),
                          **_gradient_attr(
                              spec, fake_quant_gradient.GRADIENT_OP_TYPE))
-        if spec.is_training:
-            self._training_fake_quants.append(out)
+        if spec.is_training and not spec.per_channel:
+            self._training_fake_quants.append(
+                (out, lo, hi, spec.num_bits, bool(spec.narrow_range)))
         if spec.channel_reshape:
             back = self._const(p + "/Reshape_1/shape",
                                spec.inputs.shape.as_list(), tf.int32)
             out = self._node(p + "/Reshape_1", "Reshape", [out, back],
-                             T=_FLOAT, Tshape=_INT32)
+                             T=_FLOAT, Tshape=_INT32,
+                             **_output_mark(not spec.quant_delay))
         if spec.quant_delay:
             if step is None:
                 raise ValueError("quant_delay needs the quantization step.")
@@ -293,17 +294,26 @@ class QuantizerBatch(object):
             # TF1's Select: for a scalar condition its kernel forwards the
             # chosen input; SelectV2 broadcasts and copies it.
             out = self._node(p + "/delayed_quant", "Select",
-                             [active, out, self._external(spec.inputs)],
-                             T=_FLOAT, **gradient)
+                             [active, out, input_ref or self._external(spec.inputs)],
+                             T=_FLOAT, **_output_mark(True), **gradient)
         self._outputs.append(out + ":0")
         return len(self._outputs) - 1
 
-    def _updates(self, spec, x, rank, min_var, max_var):
-        p = spec.prefix
+    def _updates(self, spec, p, x, rank, min_var, max_var):
         zero = self._shared_const("zero", 0.0, tf.float32)
         nonnegative = spec.nonnegative and not spec.per_channel
         if spec.per_channel and rank == 1:
             batch_min = batch_max = x  # Every element is its own channel.
+        elif rank is None:  # Unknown rank (per-tensor only): reduce it flat.
+            flat = self._node(p + "/Flatten", "Reshape",
+                              [x, self._shared_const("flat_shape", [-1], tf.int32)],
+                              T=_FLOAT, Tshape=_INT32)
+            axis = self._shared_const("reduction_indices", [0], tf.int32)
+            if not nonnegative:
+                batch_min = self._node(p + "/BatchMin", "Min", [flat, axis],
+                                       T=_FLOAT, Tidx=_INT32)
+            batch_max = self._node(p + "/BatchMax", "Max", [flat, axis],
+                                   T=_FLOAT, Tidx=_INT32)
         else:
             axes = list(range(rank - 1)) if spec.per_channel else list(range(rank))
             axes_const = self._shared_const("reduction_indices", axes,
@@ -365,31 +375,44 @@ class QuantizerBatch(object):
         return self._node(scope + "/ReadVariableOp", "ReadVariableOp", [var],
                           control=[assign], dtype=_FLOAT)
 
+    def output(self, index: int) -> str:
+        """The rewrite's node consumers of quantizer `index` read."""
+        return self._outputs[index]
+
+    def prefix(self, index: int) -> str:
+        """The name scope quantizer `index` got (its variables' prefix)."""
+        return self._prefixes[index]
+
+    def finish(self) -> None:
+        """Adds what the quantizers share (the nudged ranges of training ones)."""
+        if self._training_fake_quants:
+            fake_quant_gradient.add_nudged_ranges(
+                self._rewrite, self._training_fake_quants,
+                self._shared_scope_name() + "/nudged_ranges")
+            self._training_fake_quants = []
+
     def build(self) -> List[tf.Tensor]:
-        """Adds every quantizer to the graph.
+        """Adds every quantizer to the graph (a batch made with a graph).
 
         Returns:
           The output tensor of each quantizer, in `add` order (the delayed
           Select when there is a delay, else the FakeQuant output).
+
+        Raises:
+          qat.engine.rewrite.RewriteError: if the ops fail their checks; the
+            graph is then unchanged.
         """
+        if not self._owns_rewrite:
+            raise ValueError("This batch belongs to a pass's rewrite: apply that.")
         if not self._outputs:
             return []
-        graph = self._graph
-        nudge_scope = None
-        if self._training_fake_quants:
-            nudge_scope = self._shared_scope_name() + "/nudged_ranges/"
-        ops = self._nodes.build()
-        if nudge_scope:
-            fake_quant_gradient.precompute_nudged_ranges(
-                [ops[name] for name in self._training_fake_quants],
-                nudge_scope)
-        with graph.as_default(), graph.control_dependencies(None):
-            for variable_def, collections in self._variables:
-                var = resource_variable_ops.ResourceVariable(
-                    variable_def=variable_def)
-                for c in collections:
-                    graph.add_to_collection(c, var)
-        return [graph.get_tensor_by_name(name) for name in self._outputs]
+        self.finish()
+        ops = rewrite_lib.apply(self._rewrite)
+        return [self._nodes.tensor(ops, ref) for ref in self._outputs]
+
+
+def _output_mark(is_output: bool) -> dict:
+    return {marks.ATTR: marks.QUANTIZER_OUTPUT} if is_output else {}
 
 
 def _gradient_attr(spec: QuantizerSpec, gradient_op_type: str) -> dict:

@@ -19,7 +19,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from qat.graph_editor import reroute
+from qat.engine import marks
 
 # Suffix of the name scope of the replacement ops: `<bn op name>_depthwise`.
 SCOPE_SUFFIX = "_depthwise"
@@ -80,41 +80,48 @@ def data_input(op: tf.Operation, is_data) -> Optional[tf.Tensor]:
     return None
 
 
+# Attribute of the replacement's depthwise conv naming the batch norm it
+# replaces (qat's own mark; see qat.engine.marks).
+REPLACES_ATTR = "_qat_replaces"
+
+
 def is_replaced(bn: tf.Operation) -> bool:
     """True if an earlier pass already replaced `bn`."""
-    try:
-        bn.graph.get_operation_by_name(
-            bn.name + SCOPE_SUFFIX + "/DepthwiseConv2dNative")
-        return True
-    except KeyError:
-        return False
+    for op in bn.inputs[0].consumers():
+        if marks.made_by_qat(op, marks.STANDALONE_BATCH_NORM):
+            try:
+                if op.get_attr(REPLACES_ATTR) == bn.name.encode():
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
-def replace_with_depthwise(bn: tf.Operation,
-                           per_channel: bool = False) -> Optional[tf.Tensor]:
-    """Replaces an inference batch norm's output by a 1x1 depthwise conv.
+def add_depthwise(rewrite, bn: tf.Operation, per_channel: bool = False,
+                  x_ref=None) -> Optional[str]:
+    """Adds the 1x1 depthwise form of an inference batch norm to `rewrite`.
+
+    The caller moves the batch norm's consumers onto the returned node.
 
     Args:
+      rewrite: the quantize pass's `qat.engine.rewrite.Rewrite`.
       bn: a FusedBatchNorm* op with is_training=False, NHWC.
       per_channel: one weight range per channel (int8 only), else one range.
+      x_ref: what the conv reads instead of the batch norm's input (its
+        quantized value in the rewrite), as (`name:<i>`, dtype, shape).
 
     Returns:
-      The new output (the bias add), or None when `bn` does not qualify or
-      nothing reads its output.
+      The new output (the bias add, `name:0`), or None when `bn` does not
+      qualify.
     """
     if not is_replaceable(bn) or is_replaced(bn):
         return None
-    out = bn.outputs[0]
-    consumers = list(out.consumers())
-    if not consumers:
-        return None
     x, gamma, beta, mean, variance = bn.inputs[:5]
     channels = int(x.shape[-1])
-    graph = bn.graph
-    with graph.as_default(), graph.control_dependencies(None), \
-            graph.name_scope(bn.name + SCOPE_SUFFIX + "/"):
-        scale = gamma * tf.math.rsqrt(variance + bn.get_attr("epsilon"),
-                                      name="rsqrt")
+    epsilon = bn.get_attr("epsilon")
+
+    def build(x, gamma, beta, mean, variance):
+        scale = gamma * tf.math.rsqrt(variance + epsilon, name="rsqrt")
         offset = tf.subtract(beta, mean * scale, name="offset")
         weights = tf.reshape(scale, [1, 1, channels, 1], name="weights")
         # Symmetric narrow range: zero point 0 in int8 as well as uint8 128.
@@ -134,6 +141,10 @@ def replace_with_depthwise(bn: tf.Operation,
                     name="FakeQuantWithMinMaxVars")
         conv = tf.compat.v1.nn.depthwise_conv2d_native(
             x, quantized, [1, 1, 1, 1], "VALID", name="DepthwiseConv2dNative")
-        new_out = tf.nn.bias_add(conv, offset, name="BiasAdd")
-    reroute.reroute_ts(new_out, out, can_modify=consumers)
-    return new_out
+        conv.op._set_attr(REPLACES_ATTR, tf.compat.v1.AttrValue(s=bn.name.encode()))  # pylint: disable=protected-access
+        return [tf.nn.bias_add(conv, offset, name="BiasAdd")]
+
+    return rewrite.nodes.python_ops(bn.name + SCOPE_SUFFIX,
+                                    [x_ref or x, gamma, beta, mean, variance],
+                                    build, device=bn.device,
+                                    mark=marks.STANDALONE_BATCH_NORM)[0]

@@ -1,0 +1,64 @@
+"""The mark qat leaves on every op it creates.
+
+Each op a pass adds carries the attribute `_qat` (TensorFlow keeps attributes
+starting with an underscore on any op, through GraphDef and MetaGraphDef
+round trips and freezing) whose value names its role: `fold` for the fold
+pass's ops, `quantizer` for a quantizer's ops and `quantizer_output` for the
+one op whose output consumers read. Idempotence and recognition of qat's own
+structures go through these marks, never through op names, so a user op named
+like one of qat's (`conv/act_quant/max`) is never mistaken for it.
+"""
+from typing import Optional
+
+import tensorflow as tf
+
+ATTR = "_qat"
+
+FOLD = "fold"
+QUANTIZER = "quantizer"
+QUANTIZER_OUTPUT = "quantizer_output"
+STANDALONE_BATCH_NORM = "standalone_batch_norm"
+STEP_COUNTER = "step_counter"
+
+
+def role(op: tf.Operation) -> Optional[str]:
+    """The role qat marked `op` with, or None for an op qat did not create."""
+    try:
+        value = op.get_attr(ATTR)
+    except ValueError:
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def made_by_qat(op: tf.Operation, *roles: str) -> bool:
+    """Whether qat created `op` (with one of `roles`, when given)."""
+    found = role(op)
+    return found is not None and (not roles or found in roles)
+
+
+def quantizer_of(t: tf.Tensor) -> Optional[tf.Tensor]:
+    """The output of the quantizer qat built on `t`, or None.
+
+    The quantizer's ops read `t` (FakeQuant, range reductions, a delayed
+    Select, the Reshape of per-channel depthwise weights) and lead, through
+    ops of the same quantizer only, to the one marked `quantizer_output`.
+    """
+    frontier = [c for c in t.consumers() if made_by_qat(c, QUANTIZER, QUANTIZER_OUTPUT)]
+    seen = set(frontier)
+    for _ in range(_MAX_QUANTIZER_DEPTH):
+        following = []
+        for op in frontier:
+            if role(op) == QUANTIZER_OUTPUT:
+                return op.outputs[0]
+            for out in op.outputs:
+                for c in out.consumers():
+                    if c not in seen and made_by_qat(c, QUANTIZER, QUANTIZER_OUTPUT):
+                        seen.add(c)
+                        following.append(c)
+        frontier = following
+    return None
+
+
+# The longest chain from a quantizer's input to its output: reduction, zero
+# clamp, symmetric widening (2), moving average (3), FakeQuant, Reshape, Select.
+_MAX_QUANTIZER_DEPTH = 12

@@ -1,0 +1,175 @@
+"""The new ops of one batch-norm fold, written as NodeDefs.
+
+`emit` adds the folded weights, the scale and its inverse, the folded bias
+and the training tail of one `qat.fold.plan.FoldPlan` to a `NodeBatch`; the
+structures are described in `qat.fold.fold_batch_norms`. Nothing here edits
+the graph.
+"""
+import dataclasses
+from typing import List, Optional
+
+import tensorflow as tf
+
+from qat.engine import node_batch
+from qat.fold import plan as fold_plan
+from qat.matching import layer_patterns
+
+# The registered gradient of select_fold (see fold_batch_norms).
+SELECT_GRADIENT = "QatFoldSelect"
+# Scope of the constants the folds share (epsilon, 1, reshape shapes).
+_CONSTANTS_SCOPE = "fold_batch_norms/constants/"
+
+
+@dataclasses.dataclass
+class Emitted:
+    """Names of one fold's new ops in the NodeBatch (see `_emit`)."""
+    weights: str
+    unscaled: str                    # unscale_fold (training) or div_fold (eval)
+    bn_consumers: List[tf.Operation]
+    b_fold: Optional[str] = None
+    bias_add: Optional[str] = None
+    folded: Optional[str] = None     # BiasAdd_Fold [-> Reshape_Fold]
+    select: Optional[str] = None
+    rescale: Optional[str] = None    # s in the layer output's layout
+
+
+def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional[str],
+         use_cond: bool) -> Emitted:
+    """Adds one fold's new ops to `batch` as NodeDefs (no graph edit yet).
+
+    `frozen` is the batch's freeze condition node (training structure with a
+    delay), else None. The names follow what the Python constructors would
+    give.
+    """
+    bn, layer_op = plan.bn, plan.layer_op
+    ctx = layer_op.name.rpartition("/")[0]
+    prefix = (ctx + "/") if ctx else ""
+    dtype = layer_op.outputs[0].dtype.base_dtype
+    device = layer_op.device
+    ext = batch.external
+
+    def node(name, op, inputs, **attrs):
+        return batch.node(batch.unique_name(name), op, inputs, device=device, **attrs)
+
+    def shared(name, value, value_dtype):
+        return batch.shared_const(_CONSTANTS_SCOPE + name, value, value_dtype)
+
+    def flat(ref, rank, scope):
+        if rank == 1:
+            return ref
+        return node(scope + "/Reshape", "Reshape", [ref, shared("shape", [-1], tf.int32)],
+                    T=dtype, Tshape=tf.int32)
+
+    def statistic(t, variable, scope):
+        if t is not None:
+            return flat(ext(t), t.shape.rank, scope)
+        if variable.dtype == tf.resource:
+            read = node(prefix + "ReadVariableOp", "ReadVariableOp", [ext(variable)],
+                        dtype=dtype)
+        else:
+            read = node(prefix + "Identity", "Identity", [ext(variable)], T=dtype)
+        return flat(read, variable.shape.rank, scope)
+
+    scale = batch.unique_name(prefix + "scale_fold")
+    variance = statistic(bn.moving_variance, bn.variance_variable, scale)
+    if isinstance(bn.epsilon, tf.Tensor):
+        epsilon = ext(bn.epsilon)
+    else:
+        epsilon = shared("epsilon", bn.epsilon, dtype)
+    s = node(scale + "/Rsqrt", "Rsqrt",
+             [node(scale + "/add", "AddV2", [variance, epsilon], T=dtype)], T=dtype)
+    if bn.gamma is not None:
+        s = node(scale + "/mul", "Mul", [s, flat(ext(bn.gamma), bn.gamma.shape.rank, scale)],
+                 T=dtype)
+    s_stopped = node(scale + "/StopGradient", "StopGradient", [s], T=dtype)
+    s_weights = s
+    if plan.training:
+        # Before the freeze the original batch norm gets gamma's gradient
+        # directly; the scale's paths through w*s and 1/s cancel exactly, so
+        # both are cut. After the freeze gamma and the moving variance act
+        # through w*s.
+        s_weights = s_stopped
+        if frozen is not None:
+            s_weights = node(scale + "/select", "SelectV2", [frozen, s, s_stopped],
+                             T=dtype)
+    weights = layer_patterns.weight_input(layer_op)
+
+    def weight_layout(vector):
+        """`vector` (per output channel) reshaped to multiply the weights."""
+        if layer_op.type == "DepthwiseConv2dNative":
+            if weights.shape[2:].is_fully_defined():
+                shape = shared("shape", weights.shape[2:].as_list(), tf.int32)
+            else:
+                begin, end, stride = [shared("shape", [v], tf.int32) for v in (2, 0, 1)]
+                shape = node(prefix + "strided_slice", "StridedSlice",
+                             [node(prefix + "Shape", "Shape", [ext(weights)], T=dtype,
+                                   out_type=tf.int32), begin, end, stride],
+                             T=tf.int32, Index=tf.int32, end_mask=1)
+            return node(prefix + "Reshape", "Reshape", [vector, shape], T=dtype,
+                        Tshape=tf.int32)
+        if layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
+            return node(prefix + "Reshape", "Reshape",
+                        [vector, shared("shape", [-1, 1], tf.int32)], T=dtype,
+                        Tshape=tf.int32)
+        return vector
+
+    def activation_layout(vector):
+        """`vector` (per output channel) reshaped to multiply the layer output."""
+        if plan.channels_first:
+            return node(prefix + "Reshape", "Reshape",
+                        [vector, shared("shape", [-1, 1, 1], tf.int32)], T=dtype,
+                        Tshape=tf.int32)
+        return vector
+
+    emitted = Emitted(weights=node(prefix + "mul_fold", "Mul",
+                                    [ext(weights), weight_layout(s_weights)], T=dtype),
+                       unscaled="", bn_consumers=list(bn.output.consumers()))
+    # 1 / stop_gradient(s), 0 where s == 0 (gamma == 0): no NaN, no gradient.
+    inverse = node(scale + "/inverse", "DivNoNan", [shared("one", 1.0, dtype), s_stopped],
+                   T=dtype)
+    # What BiasAdd_Fold reads: y (eval) or y * s (training, after the freeze).
+    folded_input = None if plan.training else ext(plan.layer_output)
+    if plan.training:
+        # The layer reads fq(w*s) / s (per output channel, weight-sized):
+        # its output is the unfolded layer's, which feeds the ORIGINAL batch
+        # norm unchanged (no activation-sized multiply).
+        emitted.unscaled = node(prefix + "unscale_fold", "Mul",
+                                [emitted.weights, weight_layout(inverse)], T=dtype)
+        if frozen is not None:
+            # After the freeze: y * s + b_fold = layer(x, fq(w*s)) + b_fold.
+            emitted.rescale = activation_layout(s_stopped)
+            if not use_cond:
+                folded_input = node(prefix + "rescale_fold", "Mul",
+                                    [ext(plan.layer_output), emitted.rescale], T=dtype)
+    if not plan.training or frozen is not None:
+        bias_scope = batch.unique_name(prefix + "bias_fold")
+        centred = statistic(bn.moving_mean, bn.mean_variable, bias_scope)
+        if plan.bias is not None:
+            centred = node(bias_scope + "/sub", "Sub", [centred, ext(plan.bias)], T=dtype)
+        centred = node(bias_scope + "/mul", "Mul", [centred, s], T=dtype)
+        if bn.beta is not None:
+            beta = flat(ext(bn.beta), bn.beta.shape.rank, bias_scope)
+            emitted.b_fold = node(bias_scope + "/sub_1", "Sub", [beta, centred], T=dtype)
+        else:
+            emitted.b_fold = node(bias_scope + "/Neg", "Neg", [centred], T=dtype)
+        if not (plan.training and use_cond):
+            emitted.bias_add = node(prefix + "BiasAdd_Fold", "BiasAdd",
+                                    [folded_input, emitted.b_fold], T=dtype,
+                                    data_format="NCHW" if plan.channels_first else "NHWC")
+            emitted.folded = emitted.bias_add
+            if plan.reshape is not None:
+                emitted.folded = node(prefix + "Reshape_Fold", "Reshape",
+                                      [emitted.bias_add, ext(plan.reshape.inputs[1])],
+                                      T=dtype, Tshape=plan.reshape.inputs[1].dtype)
+    if not plan.training:
+        # Keep the original batch norm (and its moving-average updates) fed
+        # with the unscaled layer output: exact, and computed only when
+        # something still reads it (a fetch of the old output).
+        emitted.unscaled = node(prefix + "div_fold", "Mul",
+                                [ext(plan.layer_output), activation_layout(inverse)], T=dtype)
+    if plan.training and frozen is not None and not use_cond:
+        emitted.select = batch.node(
+            batch.unique_name(prefix + "select_fold"), "Select",
+            [frozen, emitted.folded, ext(bn.output)], device=bn.op.device, T=dtype,
+            _gradient_op_type=SELECT_GRADIENT)
+    return emitted
