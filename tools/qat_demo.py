@@ -159,8 +159,7 @@ def train(phase: str, quantize: bool, epochs: int, data, restore_from, save_to: 
                 batch = order[i:i + FLAGS.batch_size]
                 feed = {t["images"]: x_train[batch], t["labels"]: y_train[batch]}
                 if writer is not None and step % FLAGS.summary_every == 0:
-                    # Fed: the training fold's weights read the batch statistics.
-                    writer.add_summary(sess.run(t["summaries"], feed), step)
+                    writer.add_summary(sess.run(t["summaries"]), step)
                 step += 1
                 _, loss, acc = sess.run([t["train_op"], t["loss"], t["accuracy"]], feed)
                 losses.append(loss)
@@ -169,7 +168,7 @@ def train(phase: str, quantize: bool, epochs: int, data, restore_from, save_to: 
                          epoch, epochs, np.mean(losses), 100 * np.mean(accuracies),
                          time.perf_counter() - start)
         if writer is not None:
-            writer.add_summary(sess.run(t["summaries"], feed), step)
+            writer.add_summary(sess.run(t["summaries"]), step)
             writer.close()
         tf.io.gfile.makedirs(os.path.dirname(save_to))
         return t["saver"].save(sess, save_to)

@@ -3,7 +3,7 @@
 `add_range_summaries` adds, to a graph qat rewrote, one scalar summary per
 range variable (tag: the variable's name, e.g. `net/conv1/act_quant/min`;
 per-channel ranges: the smallest minimum / largest maximum) and a histogram
-of every quantized weight tensor, so a training run shows its ranges
+of every quantized layer's weight variable, so a training run shows its ranges
 settling. `read_scalars` reads the scalars back from the event files.
 """
 import glob
@@ -17,17 +17,34 @@ from qat.report import structure
 WEIGHT_HISTOGRAM_PREFIX = "weights/"
 
 
+def _read(graph: tf.Graph, variable: str) -> Optional[tf.Tensor]:
+    """A fresh read of a variable, with no control dependency.
+
+    The FakeQuant's own min/max inputs in a training graph run the range
+    update (moving average, last value) first: a summary reading them would
+    update the ranges an extra time.
+    """
+    op = graph.get_operation_by_name(variable)
+    if op.type == "VarHandleOp":
+        return tf.raw_ops.ReadVariableOp(resource=op.outputs[0], dtype=op.get_attr("dtype"))
+    if op.type in structure.VARIABLE_TYPES:
+        return tf.identity(op.outputs[0])
+    return op.outputs[0] if op.outputs and op.outputs[0].dtype.is_floating else None
+
+
 def add_range_summaries(graph: Optional[tf.Graph] = None, weight_histograms: bool = True,
                         collections: Optional[Sequence[str]] = None) -> Optional[tf.Tensor]:
     """Adds summaries of every range variable and quantized weight tensor.
 
-    Call it after the rewrite (`qat.create_training_graph` & co); the
-    summaries only read tensors, so the training is unchanged.
+    Call it after the rewrite (`qat.create_training_graph` & co). The
+    summaries read the variables directly (not the FakeQuant's min/max
+    inputs, which run the range updates), so running them needs no feed and
+    leaves the training unchanged.
 
     Args:
       graph: the rewritten graph; default: the default graph.
-      weight_histograms: also add a histogram of each weight quantizer's
-        input (tag `weights/<quantizer>`).
+      weight_histograms: also add a histogram of the weight variable of each
+        layer whose weights are quantized (tag `weights/<variable>`).
       collections: graph collections to add the summaries to; default
         `tf.compat.v1.GraphKeys.SUMMARIES` (so `merge_all` picks them up).
 
@@ -42,12 +59,13 @@ def add_range_summaries(graph: Optional[tf.Graph] = None, weight_histograms: boo
     excluded = structure.gradient_ops(graph)
     quantizers = [structure.quantizer_op(op) for op in structure.fake_quant_ops(graph)
                   if op not in excluded]
-    weight_ops = set()
+    weight_variables = []
     for op in graph.get_operations():
         if op.type in structure.LAYER_TYPES and op not in excluded:
-            q = structure.quantizer_reading(structure.weight_tensor(op))
-            if q is not None:
-                weight_ops.add(q)
+            if structure.quantizer_reading(structure.weight_tensor(op)) is not None:
+                variable = structure.weight_variable(op)
+                if variable and variable not in weight_variables:
+                    weight_variables.append(variable)
     summaries = []
     seen = set()
     with graph.as_default(), tf.name_scope("qat_range_summaries"):
@@ -58,11 +76,15 @@ def add_range_summaries(graph: Optional[tf.Graph] = None, weight_histograms: boo
                 if tag in seen:
                     continue
                 seen.add(tag)
-                value = reduce(tensor) if tensor.shape.rank else tensor
+                value = _read(graph, variable) if variable else tensor
+                value = reduce(value) if value.shape.rank else value
                 summaries.append(tf.raw_ops.ScalarSummary(tags=tag, values=value))
-            if weight_histograms and q.op in weight_ops:
-                summaries.append(tf.raw_ops.HistogramSummary(
-                    tag=WEIGHT_HISTOGRAM_PREFIX + q.name, values=q.op.inputs[0]))
+        if weight_histograms:
+            for variable in weight_variables:
+                value = _read(graph, variable)
+                if value is not None:
+                    summaries.append(tf.raw_ops.HistogramSummary(
+                        tag=WEIGHT_HISTOGRAM_PREFIX + variable, values=value))
         if not summaries:
             return None
         for summary in summaries:
