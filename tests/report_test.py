@@ -93,6 +93,35 @@ class ScopeCoverageTest(absltest.TestCase):
             self.assertTrue(math.isfinite(q.min) and math.isfinite(q.max), q)
 
 
+class ControlFlowCoverageTest(absltest.TestCase):
+    """A tf_keras batch norm without a fixed learning phase sits in an If op."""
+
+    def test_batch_norm_inside_if_is_reported(self):
+        import tf_keras  # pylint: disable=g-import-not-at-top
+        graph = tf.Graph()
+        with graph.as_default():
+            images = tf1.placeholder(tf.float32, [None, 8, 8, 1], name="images")
+            model = tf_keras.Sequential([
+                tf_keras.layers.Conv2D(4, 3, use_bias=False, input_shape=(8, 8, 1)),
+                tf_keras.layers.BatchNormalization(), tf_keras.layers.ReLU(),
+                tf_keras.layers.Flatten(), tf_keras.layers.Dense(10)])
+            tf.identity(model(images), name="output")
+            fold_result = qat.fold_batch_norms(graph, is_training=False)
+            qat.insert_quant_ops(graph, is_training=False)
+        self.assertNotEmpty(fold_result.skipped)
+        for result in (fold_result, None):  # The fold's own reason, or the graph's.
+            coverage = report.coverage_report(graph, outputs=["output"], fold_result=result)
+            conv = coverage.layers[0]
+            self.assertEqual(conv.name, "sequential/conv2d/Conv2D")
+            self.assertEqual(conv.batch_norm_status, "not folded")
+            self.assertRegex(conv.batch_norm_reason, "If op")
+            self.assertEqual([(f.tensor, f.code) for f in coverage.float_tensors],
+                             [("sequential/batch_normalization/cond:0", "control_flow")])
+            self.assertIn("batch norms folded: 0 of 1", coverage.summary_lines()[0])
+        with_fold = report.coverage_report(graph, outputs=["output"], fold_result=fold_result)
+        self.assertIn("which the fold cannot edit", with_fold.layers[0].batch_norm_reason)
+
+
 class DigitsReportTest(absltest.TestCase):
     """QAT-trained digits model: TensorBoard, coverage from files, numerics, plots."""
 
@@ -118,8 +147,14 @@ class DigitsReportTest(absltest.TestCase):
                 if v.op.name.endswith(("_quant/min", "_quant/max")))
             rng = np.random.RandomState(0)
             writer = tf1.summary.FileWriter(cls.logdir)
+            range_reads = {name: graph.get_tensor_by_name(name + "/Read/ReadVariableOp:0")
+                           for name in cls.range_variables}
             with tf1.Session() as sess:
                 sess.run(tf1.global_variables_initializer())
+                # Running the summaries (no feed needed) leaves the ranges alone.
+                cls.ranges_before = sess.run(range_reads)
+                sess.run(cls.summaries)
+                cls.ranges_after = sess.run(range_reads)
                 for step in range(300):
                     batch = rng.randint(0, len(x_train), 32)
                     feed = {images: x_train[batch], labels: y_train[batch]}
@@ -137,6 +172,11 @@ class DigitsReportTest(absltest.TestCase):
             tf1.train.export_meta_graph(cls.meta)
         cls.numerics = report.layer_numerics_from_files(
             cls.meta, cls.checkpoint, "images", ["probabilities"], cls.samples, flavour="int8")
+
+    def test_summaries_do_not_update_ranges(self):
+        self.assertEqual(self.ranges_before.keys(), self.ranges_after.keys())
+        for name, value in self.ranges_before.items():
+            self.assertEqual(value, self.ranges_after[name], name)
 
     def test_tensorboard_scalar_per_range_variable(self):
         scalars = report.read_scalars(self.logdir)

@@ -144,7 +144,8 @@ def _batch_norm(layer: tf.Operation, tail: float_lib.LayerTail, path, bn_by_vari
     if fold_result is not None:
         for folded in fold_result.folded:
             if folded.layer_op is layer:
-                return folded.batch_norm, f"folded ({'training' if folded.training else 'eval'})", None
+                mode = "training" if folded.training else "eval"
+                return folded.batch_norm, f"folded ({mode})", None
     weights = structure.weight_tensor(layer)
     quantizer = structure.quantizer_reading(weights)
     base = quantizer.inputs[0] if quantizer is not None else weights
@@ -162,6 +163,10 @@ def _batch_norm(layer: tf.Operation, tail: float_lib.LayerTail, path, bn_by_vari
                                           "(create_*_graph does)")
             return op.name, "not folded", reason
         if op.type in structure.FUNCTIONAL_CONTROL_FLOW_TYPES:
+            inside = [(name, why) for name, why in skipped.items()
+                      if name.startswith(op.name + "/")]
+            if inside:  # The fold pass's own record of the batch norm in the body.
+                return inside[0][0], "not folded", inside[0][1]
             return op.name, "not folded", (
                 f"the layer output goes into a functional {op.type} op {op.name!r} (a "
                 "batch norm built without a fixed learning phase): it cannot be folded")

@@ -148,7 +148,10 @@ def find_float_tensors(graph: tf.Graph, path: Set[tf.Operation],
     fused: Set[tf.Operation] = set()
     for tail in tails:
         if tail.quantizer is not None:
-            fused.update(tail.ops)
+            # A functional If/While in the tail (an unfoldable batch norm) is
+            # no part of the fused TFLite op: it is reported.
+            fused.update(op for op in tail.ops
+                         if op.type not in structure.FUNCTIONAL_CONTROL_FLOW_TYPES)
         else:  # Unquantized layer: report its output once, not each fused op.
             fused.update(op for op in tail.ops if op is not tail.end)
     for op in graph.get_operations():
