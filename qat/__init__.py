@@ -14,8 +14,8 @@ The public rewrite API below keeps contrib's names and signatures.
 __version__ = "0.1.0"
 
 from qat import graph_editor
-from qat import gradient_checkpointing
 from qat import report
+from qat.clients import gradient_checkpointing
 from qat.api import create_eval_graph
 from qat.api import create_training_graph
 from qat.api import experimental_create_eval_graph

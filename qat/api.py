@@ -10,9 +10,9 @@ from typing import Optional
 
 import tensorflow as tf
 
-from qat import fold_batch_norms as fold_lib
-from qat import quantizer_batch
-from qat import quantize
+from qat.fold import fold_batch_norms as fold_lib
+from qat.quantize import quantizer_batch
+from qat.quantize import insert_quant_ops as quantize
 
 # Bit widths the experimental API accepts (TFLite kernels go up to 8 bits).
 _MIN_BITS = 2

@@ -11,9 +11,9 @@ import tf_keras
 from tensorflow.python.training import moving_averages
 
 # qat/__init__ exports the function under the module's name: import from the module.
-from qat.fold_batch_norms import fold_batch_norms
-from qat import layer_patterns
-from qat import step_counter
+from qat.fold.fold_batch_norms import fold_batch_norms
+from qat.matching import layer_patterns
+from qat.engine import step_counter
 
 _BATCH = 4
 _SIZE = 6
@@ -133,6 +133,50 @@ def _values(graph, seed, gamma_zero=False):
                 value = rng.normal(0.0, 0.5, shape)
             values[v.name] = value.astype(v.dtype.as_numpy_dtype)
     return values
+
+
+def _transpose_node(graph_def, name, x, perm):
+    perm_node = graph_def.node.add()
+    perm_node.name = name + "/perm"
+    perm_node.op = "Const"
+    perm_node.attr["dtype"].type = tf.int32.as_datatype_enum
+    perm_node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(perm, tf.int32))
+    node = graph_def.node.add()
+    node.name = name
+    node.op = "Transpose"
+    node.input.extend([x, perm_node.name])
+    node.attr["T"].type = tf.float32.as_datatype_enum
+    node.attr["Tperm"].type = tf.int32.as_datatype_enum
+    return node
+
+
+def _cpu_runnable(graph):
+    """A copy of `graph` whose NCHW Conv2D ops run on any CPU.
+
+    TensorFlow's own CPU kernel runs Conv2D in NHWC only (oneDNN, which only
+    some CPUs enable, also runs NCHW): each NCHW Conv2D becomes transpose ->
+    NHWC Conv2D -> transpose back, under the same output name.
+    """
+    with graph.as_default():
+        meta = tf.compat.v1.train.export_meta_graph()
+    graph_def = meta.graph_def
+    for node in list(graph_def.node):
+        if node.op != "Conv2D" or node.attr["data_format"].s != b"NCHW":
+            continue
+        name = node.name
+        node.name = name + "/nhwc"
+        node.attr["data_format"].s = b"NHWC"
+        del node.attr["_output_shapes"]
+        for key in ("strides", "dilations"):
+            n, c, h, w = node.attr[key].list.i
+            node.attr[key].list.i[:] = [n, h, w, c]
+        to_nhwc = _transpose_node(graph_def, name + "/to_nhwc", node.input[0], [0, 2, 3, 1])
+        node.input[0] = to_nhwc.name
+        _transpose_node(graph_def, name, node.name, [0, 3, 1, 2])
+    copy = tf.Graph()
+    with copy.as_default():
+        tf.compat.v1.train.import_meta_graph(meta)
+    return copy
 
 
 def _session(graph, values):
@@ -399,12 +443,16 @@ class FoldStructureTest(tf.test.TestCase):
                 out = tf.nn.relu(bn_out)
             values = _values(g, 17)
             xv = np.random.RandomState(1).normal(size=[2, 3, 6, 6]).astype(np.float32)
-            with _session(g, values) as sess:
-                expected = sess.run(out, {x: xv})
+
+            def run(fetches):
+                runnable = _cpu_runnable(g)
+                with _session(runnable, values) as sess:
+                    return sess.run([t.name for t in fetches], {x.name: xv})
+
+            expected, = run([out])
             result = fold_batch_norms(g, is_training=training)
             self.assertLen(result.folded, 1)
-            with _session(g, values) as sess:
-                got, old = sess.run([out, bn_out], {x: xv})
+            got, old = run([out, bn_out])
             self.assertLess(_rel_err(got, expected), 1e-5)
             # The old batch-norm output, fetched directly, still computes the
             # unfolded value.

@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
-from qat import gradient_checkpointing as gc
+from qat.clients import gradient_checkpointing as gc
 
 tf1 = tf.compat.v1
 

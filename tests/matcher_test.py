@@ -1,4 +1,4 @@
-"""Tests for qat.matcher and the layer / batch-norm patterns of qat.layer_patterns."""
+"""Tests for qat.matching.matcher and the layer / batch-norm patterns of qat.matching.layer_patterns."""
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -7,8 +7,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import tensorflow as tf
 
-from qat import layer_patterns
-from qat.matcher import GraphMatcher, OneofPattern, OpTypePattern
+from qat.matching import layer_patterns
+from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
 
 
 def _placeholder(shape):

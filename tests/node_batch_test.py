@@ -1,9 +1,9 @@
-"""Tests of qat.node_batch: NodeDefs added with one GraphDef import."""
+"""Tests of qat.engine.node_batch: NodeDefs added with one GraphDef import."""
 from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from qat import node_batch
+from qat.engine import node_batch
 
 
 class NodeBatchTest(tf.test.TestCase):

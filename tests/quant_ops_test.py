@@ -5,9 +5,9 @@ import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from qat import quant_ops
-from qat import quantizer_batch
-from qat import step_counter
+from qat.quantize import quant_ops
+from qat.quantize import quantizer_batch
+from qat.engine import step_counter
 
 tf.compat.v1.disable_eager_execution()
 

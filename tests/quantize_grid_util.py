@@ -14,8 +14,8 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
-from qat import layer_patterns  # pylint: disable=g-import-not-at-top
-from qat import quantize  # pylint: disable=g-import-not-at-top
+from qat.matching import layer_patterns  # pylint: disable=g-import-not-at-top
+from qat.quantize import insert_quant_ops as quantize  # pylint: disable=g-import-not-at-top
 
 ACTIVATIONS = ("Relu6", "Relu", "Identity", "LeakyRelu")
 RESIDUALS = ("none", "pre", "post")
@@ -187,7 +187,7 @@ class GridChecks(object):
                 cond = select.inputs[0].op
                 self.assertEqual(cond.type, "GreaterEqual")
                 self.assertIs(cond.inputs[0],
-                              qat.step_counter.get_quantization_step(g))
+                              qat.engine.step_counter.get_quantization_step(g))
                 self.assertEqual(
                     tf.make_ndarray(cond.inputs[1].op.get_attr("value")), delay)
             else:

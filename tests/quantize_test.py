@@ -11,7 +11,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
-from qat import quantize  # pylint: disable=g-import-not-at-top
+from qat.quantize import insert_quant_ops as quantize  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 

@@ -31,7 +31,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from qat import gradient_checkpointing  # pylint: disable=g-import-not-at-top
+from qat.clients import gradient_checkpointing  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 FLAGS = flags.FLAGS

@@ -22,8 +22,8 @@ from typing import Dict, List, Optional, Sequence, Set
 
 import tensorflow as tf
 
-from qat import layer_patterns
-from qat import quantize_patterns
+from qat.matching import layer_patterns
+from qat.quantize import patterns as quantize_patterns
 from qat.report import structure
 
 # TF op types whose TFLite builtins have int8/uint8 kernels.

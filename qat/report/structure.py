@@ -8,7 +8,7 @@ from a `.meta` file:
   variables are found by following its min/max inputs back through
   ReadVariableOp / Identity to the VarHandleOp / VariableV2;
 * a layer is a Conv2D, DepthwiseConv2dNative, MatMul or Conv2DBackpropInput
-  op (`qat.layer_patterns`); its weights are quantized when the weight input
+  op (`qat.matching.layer_patterns`); its weights are quantized when the weight input
   reaches it through a FakeQuant;
 * the data path is what the graph inputs (placeholders) feed and the outputs
   read, without gradient computations and variable updates.
@@ -18,10 +18,10 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set
 
 import tensorflow as tf
 
-from qat import layer_patterns
-from qat import quantize_patterns
-from qat import quantizer_batch
-from qat.matcher import GraphMatcher
+from qat.matching import layer_patterns
+from qat.quantize import patterns as quantize_patterns
+from qat.quantize import quantizer_batch
+from qat.matching.matcher import GraphMatcher
 
 FAKE_QUANT_TYPES = frozenset(quantizer_batch.FAKE_QUANT_TYPES)
 LAYER_TYPES = frozenset(quantize_patterns.LAYER_TYPES)

@@ -1,7 +1,7 @@
 """Recognising batch norms by structure and describing them for the fold pass.
 
 A batch norm is either a FusedBatchNorm / V2 / V3 op or the unfused arithmetic
-of `tf.nn.batch_normalization` (see `qat.layer_patterns`). `find_batch_norms`
+of `tf.nn.batch_normalization` (see `qat.matching.layer_patterns`). `find_batch_norms`
 returns a `BatchNorm` record for each, with the tensors the fold needs:
 
 * gamma / beta (None without scale / center), epsilon;
@@ -21,8 +21,8 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
-from qat import layer_patterns
-from qat.matcher import GraphMatcher
+from qat.matching import layer_patterns
+from qat.matching.matcher import GraphMatcher
 
 # Op types the forward walk from a batch statistic to its moving-average
 # update may pass through.

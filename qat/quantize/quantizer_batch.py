@@ -1,7 +1,7 @@
 """Quantizers: the FakeQuant ops and the range variables that feed them.
 
 `QuantizerSpec` says what to build, `QuantizerBatch` builds many at once;
-`qat.quant_ops` has contrib's one-at-a-time functions on top of them.
+`qat.quantize.quant_ops` has contrib's one-at-a-time functions on top of them.
 
 Two quantizers, as in `tf.contrib.quantize`:
 
@@ -15,7 +15,7 @@ Each quantizer owns two non-trainable variables `<prefix>/min` and
 GLOBAL_VARIABLES and MOVING_AVERAGE_VARIABLES. In a training graph assign ops
 update them and their results feed the FakeQuant; in an eval graph the same
 FakeQuant op reads the variables and nothing updates them. Training
-FakeQuants carry the input-only gradient of `qat.fake_quant_gradient`.
+FakeQuants carry the input-only gradient of `qat.quantize.fake_quant_gradient`.
 
 The moving average is a plain one, `v -= (1 - decay) * (v - x)`, not the
 zero-debiased one contrib used: zero-debiasing added hidden `.../biased` and
@@ -37,8 +37,8 @@ import tensorflow as tf
 from tensorflow.core.framework import variable_pb2
 from tensorflow.python.ops import resource_variable_ops
 
-from qat import fake_quant_gradient
-from qat import node_batch
+from qat.quantize import fake_quant_gradient
+from qat.engine import node_batch
 
 # Name of the FakeQuant op inside each quantizer's scope (contrib's names).
 FAKE_QUANT_NAME = "FakeQuantWithMinMaxVars"
@@ -149,7 +149,7 @@ class QuantizerBatch(object):
         self._taken = set()
         self._training_fake_quants: List[str] = []
 
-    # --- NodeDef helpers (the batch mechanics are qat.node_batch's) ----------
+    # --- NodeDef helpers (the batch mechanics are qat.engine.node_batch's) ----------
 
     def _external(self, t: tf.Tensor) -> str:
         """A name the GraphDef uses for an existing tensor (input_map key)."""

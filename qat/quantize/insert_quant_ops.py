@@ -1,7 +1,7 @@
 """The insert_quant_ops pass: FakeQuant ops on weights and activations.
 
 The pass first plans every quantizer on the unchanged graph
-(`qat.quantize_plan`, so a bad input leaves the graph untouched), then builds
+(`qat.quantize.plan`, so a bad input leaves the graph untouched), then builds
 them all with one GraphDef import (`quantizer_batch.QuantizerBatch`) and reroutes
 the consumers with `qat.graph_editor.reroute_ts`.
 
@@ -23,7 +23,7 @@ layer op, `net/conv1` for `net/conv1/Conv2D`):
   an add): `<bn ctx>/bn_quant` on the output, or `<bn ctx>/act_quant` after
   its activation, and a range on the input; in eval graphs the batch norm is
   replaced by the equal 1x1 depthwise conv TFLite runs in integer
-  (`qat.standalone_batch_norm`);
+  (`qat.quantize.standalone_batch_norm`);
 * what contrib missed and TFLite needs for a fully integer model: concat
   outputs (`concat_quant`), global average pooling Mean outputs
   (`mean_quant`), residual adds of plain activations (`add_quant`) - each only
@@ -38,7 +38,7 @@ FakeQuant's output. A final layer ending in an Identity nothing reads
 (`tf.identity(logits, name="output")`) gets its `act_quant` before the
 Identity, which then outputs the quantized value under the user's name.
 
-Layers are found with `qat.layer_patterns`; the pass then walks forward from
+Layers are found with `qat.matching.layer_patterns`; the pass then walks forward from
 each layer op through its "tail" (bias add, batch norm, the fold pass's
 training tail of divide-by-scale, batch norm and Select) to the activation or
 residual add. An op joins a layer's tail only if all its data inputs come from
@@ -52,15 +52,15 @@ from typing import List, Optional
 from absl import logging
 import tensorflow as tf
 
-from qat import quantizer_batch
-from qat import quantize_patterns as qp
-from qat import standalone_batch_norm
-from qat import step_counter
+from qat.quantize import quantizer_batch
+from qat.quantize import patterns as qp
+from qat.quantize import standalone_batch_norm
+from qat.engine import step_counter
 from qat.graph_editor import reroute
-from qat.quantize_plan import Plan
-from qat.quantize_plan import Planner
-from qat.quantize_plan import existing_quantizer  # pylint: disable=unused-import
-from qat.quantize_plan import is_quantized_output  # pylint: disable=unused-import
+from qat.quantize.plan import Plan
+from qat.quantize.plan import Planner
+from qat.quantize.plan import existing_quantizer  # pylint: disable=unused-import
+from qat.quantize.plan import is_quantized_output  # pylint: disable=unused-import
 
 
 def _reroute(new: tf.Tensor, old: tf.Tensor, consumers) -> None:

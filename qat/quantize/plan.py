@@ -9,10 +9,10 @@ from typing import Dict, List, Optional, Set
 
 import tensorflow as tf
 
-from qat import layer_patterns
-from qat import quantizer_batch
-from qat import quantize_patterns as qp
-from qat import standalone_batch_norm
+from qat.matching import layer_patterns
+from qat.quantize import quantizer_batch
+from qat.quantize import patterns as qp
+from qat.quantize import standalone_batch_norm
 
 
 @dataclasses.dataclass
@@ -460,7 +460,7 @@ class Planner(object):
         fold pass leaves it alone. Its input gets a range as a layer input
         would, its output `<bn ctx>/bn_quant`, or `<bn ctx>/act_quant` after
         the activation reading it. Eval graphs then replace it by a 1x1
-        depthwise conv TFLite runs in integer (`qat.standalone_batch_norm`).
+        depthwise conv TFLite runs in integer (`qat.quantize.standalone_batch_norm`).
         """
         if standalone_batch_norm.is_replaced(bn):
             return  # An earlier pass moved its consumers to the depthwise form.

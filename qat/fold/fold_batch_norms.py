@@ -1,7 +1,7 @@
 """Folds batch norms into the Conv2D / MatMul / DepthwiseConv2dNative before them.
 
 `fold_batch_norms(graph, is_training, freeze_batch_norm_delay=None)` finds each
-batch norm by structure (`qat.batch_norm`, `qat.layer_patterns.LAYER_CHAIN`),
+batch norm by structure (`qat.matching.batch_norm`, `qat.matching.layer_patterns.LAYER_CHAIN`),
 whatever its op names or scopes, and rewrites it in place. With
 
     s      = gamma * rsqrt(moving_variance + epsilon)     per output channel
@@ -42,7 +42,7 @@ like the unfolded one. The one weight structure (with or without a delay):
       -> Mul(., 1/s) "<ctx>/unscale_fold" (1/s in the weight layout, like s)
       -> layer(x, .) [-> BatchToSpaceND] = y
 
-`qat.layer_patterns.weight_input` recognises the unscale multiply by
+`qat.matching.layer_patterns.weight_input` recognises the unscale multiply by
 structure (`UNSCALED_WEIGHTS`) and returns mul_fold (or its quantized value),
 so the quantize pass puts `weights_quant` between mul_fold and unscale_fold.
 
@@ -72,7 +72,7 @@ output y * s + b_fold = layer(x, fq(w*s)) + b_fold:
         -> the batch norm's former consumers
 
   `frozen` is `fake_quantization_step > freeze_batch_norm_delay` (the shared
-  counter of `qat.step_counter`), so the first `freeze_batch_norm_delay`
+  counter of `qat.engine.step_counter`), so the first `freeze_batch_norm_delay`
   runs use batch statistics. From the freeze on the moving-average updates
   are switched off: the delta of each AssignSub / AssignSubVariableOp update
   is multiplied by `1 - frozen` (`<update scope>/freeze_fold`); an Assign /
@@ -99,7 +99,7 @@ output y * s + b_fold = layer(x, fq(w*s)) + b_fold:
   (tf.cond's output) -> consumers.
 
 Speed of the rewrite: the new ops of every fold are written as NodeDefs and
-added with one `import_graph_def` (`qat.node_batch`), named as the Python
+added with one `import_graph_def` (`qat.engine.node_batch`), named as the Python
 constructors would name them; only the functional cond (use_cond) and the
 freeze of the moving-average updates use Python op constructors.
 
@@ -116,11 +116,11 @@ from typing import List, Optional
 from absl import logging
 import tensorflow as tf
 
-from qat import batch_norm as bn_lib
-from qat import fold_plan
-from qat import layer_patterns
-from qat import node_batch
-from qat import step_counter
+from qat.matching import batch_norm as bn_lib
+from qat.fold import plan as fold_plan
+from qat.matching import layer_patterns
+from qat.engine import node_batch
+from qat.engine import step_counter
 from qat.graph_editor import util as ge_util
 
 # Names of the batch-norm ops already folded (strings).

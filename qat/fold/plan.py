@@ -1,7 +1,7 @@
 """Which batch norms the fold pass can fold, and how (validation only).
 
-`plan_fold(bn, is_training)` checks one recognised batch norm (`qat.batch_norm`)
-against the layer before it (`qat.layer_patterns.LAYER_CHAIN`) without
+`plan_fold(bn, is_training)` checks one recognised batch norm (`qat.matching.batch_norm`)
+against the layer before it (`qat.matching.layer_patterns.LAYER_CHAIN`) without
 changing the graph, and returns a `FoldPlan` for `qat.fold_batch_norms`, or
 raises `CannotFold` with the reason.
 """
@@ -10,9 +10,9 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from qat import batch_norm as bn_lib
-from qat import layer_patterns
-from qat.matcher import GraphMatcher
+from qat.matching import batch_norm as bn_lib
+from qat.matching import layer_patterns
+from qat.matching.matcher import GraphMatcher
 
 
 class CannotFold(Exception):

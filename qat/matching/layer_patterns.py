@@ -1,6 +1,6 @@
 """Layer and batch-norm patterns, declared once as data for fold and quantize.
 
-Everything here is a `qat.matcher` pattern object (or a tuple of op types)
+Everything here is a `qat.matching.matcher` pattern object (or a tuple of op types)
 plus tiny accessor helpers; the passes own the logic. Names bound by the
 patterns (look them up with `MatchResult.get_op(name)` / `get_tensor(name)`):
 
@@ -47,7 +47,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from qat.matcher import GraphMatcher, OneofPattern, OpTypePattern
+from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
 
 # The ops whose weights are folded and quantized.
 LAYER_TYPES = ("Conv2D", "MatMul", "DepthwiseConv2dNative")

@@ -1,9 +1,9 @@
 """Op-type data the quantize pass recognises structure with.
 
-The layer ops themselves come from `qat.layer_patterns` (shared with the fold
+The layer ops themselves come from `qat.matching.layer_patterns` (shared with the fold
 pass); this module lists what the quantize pass walks through after them.
 """
-from qat import layer_patterns
+from qat.matching import layer_patterns
 
 # Transposed convolutions (contrib never quantized them): Conv2DBackpropInput
 # (input_sizes, filter, data). Their weights are input 1 like the others.
