@@ -93,6 +93,40 @@ class ScopeCoverageTest(absltest.TestCase):
             self.assertTrue(math.isfinite(q.min) and math.isfinite(q.max), q)
 
 
+class TrainingGraphCoverageTest(absltest.TestCase):
+    """Training graphs: delayed and per-channel quantizers, ranges read without updates."""
+
+    def test_delayed_per_channel_training_graph(self):
+        graph = tf.Graph()
+        with graph.as_default():
+            images = tf1.placeholder(tf.float32, [None, 8, 8, 1], name="images")
+            net = tf1.layers.conv2d(images, 4, 3, use_bias=False, name="conv")
+            net = tf.nn.relu(tf1.layers.batch_normalization(net, training=True, name="bn"))
+            net = tf.nn.relu6(tf1.layers.separable_conv2d(net, 8, 3, name="sep"))
+            logits = tf1.layers.dense(tf1.layers.flatten(net), 10, name="logits")
+            probabilities = tf.nn.softmax(logits, name="probabilities")
+            loss = -tf.reduce_mean(tf.math.log(probabilities + 1e-6))
+            qat.fold_batch_norms(graph, is_training=True)
+            qat.insert_quant_ops(graph, is_training=True, per_channel=True,
+                                 symmetric_weights=True, quant_delay=10)
+            del loss
+            sess = tf1.Session(graph=graph)
+            sess.run(tf1.global_variables_initializer())
+        # No feed: the ranges are read from the variables, not after their updates.
+        coverage = report.coverage_report(graph, outputs=["probabilities"], sess=sess)
+        sess.close()
+        self.assertEqual([l.batch_norm_status for l in coverage.layers],
+                         ["folded (training)", "-", "-", "-"])
+        self.assertEqual(coverage.float_tensors, [])  # Delayed quantizers' Select outputs too.
+        weights = {q.name: q for q in coverage.quantizers if q.role == "weights"}
+        self.assertLen(weights, 4)
+        self.assertEqual(weights["conv/weights_quant"].channels, 4)
+        self.assertTrue(all(q.per_channel and q.symmetric for q in weights.values()))
+        for layer in coverage.layers:
+            self.assertIn(layer.weight_quantizer, weights)
+            self.assertIsNotNone(layer.activation_quantizer, layer)
+
+
 class ControlFlowCoverageTest(absltest.TestCase):
     """A tf_keras batch norm without a fixed learning phase sits in an If op."""
 

@@ -208,18 +208,20 @@ def coverage_report(graph: tf.Graph,
             except KeyError as e:
                 raise ValueError(f"output {name!r} is not an op of the graph") from e
     path = structure.data_path(graph, output_ops)
-    layers = [op for op in graph.get_operations()
-              if op.type in structure.LAYER_TYPES and op in path]
+    layers = [op for op in structure.topological_order(path, graph)
+              if op.type in structure.LAYER_TYPES]
     tails = [float_lib.layer_tail(layer, path) for layer in layers]
+    layer_weight_quantizers = [structure.quantizer_reading(structure.weight_tensor(layer))
+                               for layer in layers]
     quantizer_ops = [structure.quantizer_op(op) for op in structure.fake_quant_ops(graph)
-                     if op in path or any(c in path for c in op.outputs[0].consumers())]
+                     if op in path or op in layer_weight_quantizers
+                     or any(c in path for c in op.outputs[0].consumers())]
     reader = tf.train.load_checkpoint(checkpoint) if checkpoint and sess is None else None
     values = structure.quantizer_values(quantizer_ops, sess=sess, reader=reader)
     weight_quantizers = {}
     layer_infos = []
     bn_by_variable = structure.batch_norms_by_variable(graph)
-    for layer, tail in zip(layers, tails):
-        weight_q = structure.quantizer_reading(structure.weight_tensor(layer))
+    for layer, tail, weight_q in zip(layers, tails, layer_weight_quantizers):
         if weight_q is not None:
             weight_quantizers[weight_q] = layer
         bn_name, bn_status, bn_reason = _batch_norm(layer, tail, path, bn_by_variable,

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from qat.matching import layer_patterns
 from qat.quantize import patterns as quantize_patterns
+from qat.quantize import plan as quantize_plan
 from qat.report import structure
 
 # TF op types whose TFLite builtins have int8/uint8 kernels.
@@ -136,39 +137,40 @@ def find_float_tensors(graph: tf.Graph, path: Set[tf.Operation],
     """Lists the float tensors of the data path that have no range.
 
     Args:
-      graph: the graph (its op order is topological).
+      graph: the graph.
       path: `structure.data_path(graph, outputs)`.
       tails: `layer_tail` of every layer on the path.
       scope: the rewrite's scope, if it had one.
 
     Returns:
-      One FloatTensor per unranged tensor, in graph order.
+      One FloatTensor per unranged tensor, in topological order.
     """
     ranged: Set[str] = set()
-    fused: Set[tf.Operation] = set()
+    fused: Set[tf.Operation] = set()      # Inside a quantized layer: ranged.
+    unreported: Set[tf.Operation] = set()  # Inside an unquantized layer: its end is reported.
     for tail in tails:
         if tail.quantizer is not None:
             # A functional If/While in the tail (an unfoldable batch norm) is
             # no part of the fused TFLite op: it is reported.
             fused.update(op for op in tail.ops
                          if op.type not in structure.FUNCTIONAL_CONTROL_FLOW_TYPES)
-        else:  # Unquantized layer: report its output once, not each fused op.
-            fused.update(op for op in tail.ops if op is not tail.end)
+        else:
+            unreported.update(op for op in tail.ops if op is not tail.end)
     for op in graph.get_operations():
         if op.type in structure.FAKE_QUANT_TYPES:
             ranged.add(op.inputs[0].name)
             ranged.add(op.outputs[0].name)
     found: List[FloatTensor] = []
     float_names: Set[str] = set()
-    for op in graph.get_operations():
-        if op not in path or op.type in structure.FAKE_QUANT_TYPES:
+    for op in structure.topological_order(path, graph):
+        if op.type in structure.FAKE_QUANT_TYPES or op in unreported:
             continue
         if op.type in structure.INPUT_TYPES or op.type in structure.METADATA_TYPES:
             continue
         if _is_parameter(op) or not op.outputs or not op.outputs[0].dtype.is_floating:
             continue
         out = op.outputs[0].name
-        if out in ranged or op in fused:
+        if out in ranged or op in fused or quantize_plan.is_quantized_output(op.outputs[0]):
             ranged.add(out)
             continue
         inputs = _data_inputs(op, path)

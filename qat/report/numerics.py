@@ -247,8 +247,8 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
     outputs = [graph.get_operation_by_name(freeze.op_name(n)) for n in output_names]
     path = structure.data_path(graph, outputs)
     rows_spec = []  # (label, tensor name, candidate TFLite names)
-    for op in graph.get_operations():
-        if op.type in structure.FAKE_QUANT_TYPES and op in path:
+    for op in structure.topological_order(path, graph):
+        if op.type in structure.FAKE_QUANT_TYPES:
             layer = structure.layer_of(op.inputs[0])
             label = layer.name if layer is not None else op.name.rsplit("/", 1)[0]
             rows_spec.append((label, op.outputs[0].name, [op.name, op.inputs[0].op.name]))

@@ -126,6 +126,35 @@ def backward_closure(seeds: Iterable[tf.Operation]) -> Set[tf.Operation]:
     return seen
 
 
+def topological_order(ops: Set[tf.Operation], graph: tf.Graph) -> List[tf.Operation]:
+    """`ops` ordered so every op comes after the ops of `ops` it reads.
+
+    A graph's creation order is not topological after a rewrite (the
+    quantizers are created after the ops that now read them). Ties keep the
+    creation order.
+    """
+    position = {op: k for k, op in enumerate(graph.get_operations())}
+    order: List[tf.Operation] = []
+    done: Set[tf.Operation] = set()
+    for root in sorted(ops, key=position.get):
+        if root in done:
+            continue
+        stack = [(root, False)]
+        while stack:
+            op, expanded = stack.pop()
+            if op in done:
+                continue
+            if expanded:
+                done.add(op)
+                order.append(op)
+                continue
+            stack.append((op, True))
+            for inp in sorted((i.op for i in op.inputs if i.op in ops and i.op not in done),
+                              key=position.get, reverse=True):
+                stack.append((inp, False))
+    return order
+
+
 def is_batch_norm(op: tf.Operation) -> bool:
     """A fused batch norm, or the final add of an unfused one."""
     if op.type in BATCH_NORM_TYPES:
@@ -209,12 +238,15 @@ def quantizer_reading(tensor: tf.Tensor, depth: int = 6) -> Optional[tf.Operatio
     branch) until a FakeQuant or a parameter.
     """
     op = tensor.op
-    for _ in range(depth):
+    for remaining in range(depth, 0, -1):
         if op.type in FAKE_QUANT_TYPES:
             return op
-        if op.type in _SELECT_TYPES:
-            quantized = [i.op for i in op.inputs[1:] if i.op.type in FAKE_QUANT_TYPES]
-            return quantized[0] if quantized else None
+        if op.type in _SELECT_TYPES:  # Select(delay reached, quantized, float).
+            for branch in op.inputs[1:]:
+                found = quantizer_reading(branch, remaining - 1)
+                if found is not None:
+                    return found
+            return None
         if op.type not in _PARAMETER_PATH_TYPES or not op.inputs:
             return None
         op = op.inputs[0].op
@@ -281,6 +313,22 @@ def layer_of(tensor: tf.Tensor, depth: int = 8) -> Optional[tf.Operation]:
     return None
 
 
+def plain_read(variable: tf.Operation) -> Optional[tf.Tensor]:
+    """An existing tensor holding a variable's value, read with no side effect.
+
+    A training graph's FakeQuant reads its range after the range update
+    (a control dependency): fetching that would update the range and need
+    the graph's inputs. This returns the variable's own read op instead (no
+    control inputs), or the ref variable itself; None if there is none.
+    """
+    if variable.type in ("VariableV2", "Variable"):
+        return variable.outputs[0]
+    for consumer in variable.outputs[0].consumers():
+        if consumer.type == "ReadVariableOp" and not consumer.control_inputs:
+            return consumer.outputs[0]
+    return None
+
+
 def quantizer_values(quantizers: Sequence[QuantizerOp],
                      sess: Optional[tf.compat.v1.Session] = None,
                      reader=None) -> Dict[str, object]:
@@ -288,8 +336,8 @@ def quantizer_values(quantizers: Sequence[QuantizerOp],
 
     Args:
       quantizers: the quantizers whose min/max to read.
-      sess: a session on their graph (values read through the FakeQuant's
-        min/max inputs), or None.
+      sess: a session on their graph (values read from the variables with
+        no side effect, see `plain_read`), or None.
       reader: a `tf.train.load_checkpoint` reader (values by variable name),
         used when there is no session.
 
@@ -302,7 +350,13 @@ def quantizer_values(quantizers: Sequence[QuantizerOp],
         for q in quantizers:
             for variable, tensor in ((q.min_variable, q.op.inputs[1]),
                                      (q.max_variable, q.op.inputs[2])):
-                fetches[variable or tensor.name] = tensor
+                if variable is None:
+                    if tensor.op.type == "Const":
+                        fetches[tensor.name] = tensor
+                    continue
+                read = plain_read(sess.graph.get_operation_by_name(variable))
+                if read is not None:
+                    fetches[variable] = read
         if fetches:
             values.update(sess.run(fetches))
         return values
