@@ -275,8 +275,10 @@ def _range_readers(graph_def: tf.compat.v1.GraphDef) -> dict:
 def check_finite(graph_def: tf.compat.v1.GraphDef, label: str = "the frozen graph") -> None:
     """Raises NonFiniteError if a float constant (frozen variable) is NaN or Inf.
 
-    A diverged training run saves NaN weights or ranges; the TFLite converter
-    does not reject them but crashes the process, so this runs before it.
+    A diverged training run saves NaN weights or ranges. The TFLite converter
+    does not check them: it may crash, convert NaN weights silently, or make
+    a model the runtime refuses with an unrelated scale error (a NaN range).
+    So this runs before it.
 
     Args:
       graph_def: a frozen GraphDef (variables already constants, named after
@@ -305,7 +307,7 @@ def check_finite(graph_def: tf.compat.v1.GraphDef, label: str = "the frozen grap
         names.append(node.name)
     if problems:
         raise NonFiniteError(
-            f"{label} holds non-finite values (the TFLite converter would crash on them): "
+            f"{label} holds non-finite values, which the TFLite converter does not check: "
             + "; ".join(problems) + ". The checkpoint comes from a run that diverged: "
             "restore an earlier checkpoint (or train again with a lower learning rate) "
             "and export that.", names)

@@ -12,7 +12,7 @@
 """
 import dataclasses
 import json
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -139,7 +139,7 @@ def _quantizer_info(q: structure.QuantizerOp, role: str, values: Dict[str, Any]
 
 
 def _batch_norm(layer: tf.Operation, tail: float_lib.LayerTail, path, bn_by_variable,
-                fold_result) -> tuple:
+                fold_result) -> Tuple[Optional[str], str, Optional[str]]:
     """(batch norm name, status, reason) of a layer."""
     if fold_result is not None:
         for folded in fold_result.folded:

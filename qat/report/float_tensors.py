@@ -18,7 +18,7 @@ inputs is reported, with the first reason that applies:
                      pass has no pattern for this op here).
 """
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Set
+from typing import List, Optional, Sequence, Set
 
 import tensorflow as tf
 
@@ -185,7 +185,3 @@ def find_float_tensors(graph: tf.Graph, path: Set[tf.Operation],
         float_names.add(out)
     return found
 
-
-def tails_by_layer(tails: Sequence[LayerTail]) -> Dict[str, LayerTail]:
-    """{layer op name: tail}."""
-    return {t.layer.name: t for t in tails}
