@@ -111,7 +111,7 @@ def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
       TensorNameError: a name is not in the graph.
       ExportError: an input has no range, or the flavour is unknown.
       NonFiniteError: a weight or range is NaN/Inf (checked before the
-        converter runs, which would crash on it).
+        converter runs, which does not check them).
       ConversionError: the converter failed (its message is included).
     """
     if flavour not in FLAVOURS:
