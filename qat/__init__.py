@@ -5,6 +5,8 @@ rebuilt on TensorFlow 2.21. The pipeline, one module per step:
 
   graph_editor -> matcher -> layer_patterns -> fold_batch_norms -> quantize
   -> export (`from qat import export`; needs the ai-edge-litert extra)
+  -> report (`from qat import report`: coverage, per-layer numerics,
+     TensorBoard range summaries, plots with the optional matplotlib)
 
 The public rewrite API below keeps contrib's names and signatures.
 """
@@ -12,6 +14,7 @@ The public rewrite API below keeps contrib's names and signatures.
 __version__ = "0.1.0"
 
 from qat import graph_editor
+from qat import report
 from qat.clients import gradient_checkpointing
 from qat.api import create_eval_graph
 from qat.api import create_training_graph
@@ -24,6 +27,7 @@ __all__ = [
     "__version__",
     "graph_editor",
     "gradient_checkpointing",
+    "report",
     "create_training_graph",
     "create_eval_graph",
     "experimental_create_training_graph",

@@ -1,4 +1,5 @@
 """The end-to-end demo (tools/qat_demo.py) with a short run, as a subprocess."""
+import json
 import os
 import re
 import subprocess
@@ -34,6 +35,20 @@ class DemoTest(absltest.TestCase):
                 self.assertGreater(os.path.getsize(path), 5000)
             self.assertTrue(os.path.exists(os.path.join(tmp, "checkpoints", "qat",
                                                         "model.ckpt.index")))
+            # The qat.report: text, JSON, plots and TensorBoard events, paths printed.
+            report_dir = os.path.join(tmp, "report")
+            for name in ("report.txt", "report.json", "sqnr.png", "ranges.png"):
+                path = os.path.join(report_dir, name)
+                self.assertTrue(os.path.exists(path), path)
+                self.assertIn(path, proc.stdout)
+            with open(os.path.join(report_dir, "sqnr.png"), "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+            with open(os.path.join(report_dir, "report.json"), encoding="utf-8") as f:
+                data = json.load(f)
+            self.assertLen(data["coverage"]["layers"], 3)
+            self.assertEqual(data["coverage"]["float_tensors"], [])
+            events = os.listdir(os.path.join(tmp, "tensorboard", "qat"))
+            self.assertTrue(any(e.startswith("events.out.tfevents.") for e in events), events)
         self.assertEqual(set(rows), {"float (eval graph)", "QAT eval graph", "TFLite uint8",
                                      "TFLite int8"}, proc.stdout)
         # Default: int8-ready symmetric weights, asymmetric activations.
@@ -47,6 +62,10 @@ class DemoTest(absltest.TestCase):
         self.assertRegex(proc.stdout, r"wall times: float training [\d.]+ s, QAT fine-tuning")
         self.assertIn("float epoch 4/4", proc.stderr)  # Progress per epoch.
         self.assertIn("qat epoch 3/3", proc.stderr)
+        self.assertIn("layers: 3, weights quantized: 3, batch norms folded: 2 of 2", proc.stdout)
+        self.assertRegex(proc.stdout, r"numerics \(int8, 450 examples, 5 tensors\): lowest SQNR")
+        self.assertIn("first layer where TFLite drifts by more than 1 step:", proc.stdout)
+        self.assertIn("tensorboard --logdir", proc.stdout)
         self.assertTrue(proc.stdout.rstrip().endswith("PASS"))
 
     def test_contrib_default_api_and_failing_threshold(self):

@@ -12,7 +12,11 @@ network in tf.compat.v1 graph mode, the TF1 contrib recipe end to end:
   3. new graph, model in inference mode, qat.experimental_create_eval_graph(
      symmetric_weights=True); restore the QAT checkpoint; export uint8 and
      int8 TFLite models from that one eval graph (qat.export);
-  4. print accuracies, eval graph <-> TFLite top-1 agreement, sizes, times.
+  4. print accuracies, eval graph <-> TFLite top-1 agreement, sizes, times;
+  5. write the qat.report of the eval graph (coverage and per-layer numerics,
+     text and JSON) with its plots (per-layer SQNR, ranges over the QAT
+     steps, read back from the TensorBoard summaries written while
+     fine-tuning) into <output_dir>/report, and print where they are.
 
 Exits with status 1 when a TFLite model loses more than --max_accuracy_drop
 points against the float model or agrees with the eval graph on less than
@@ -51,6 +55,8 @@ flags.DEFINE_bool("symmetric_activations", False,
                   "With --symmetric, make the activation ranges symmetric too "
                   "(experimental_create_*_graph(symmetric=True)); wastes about one bit after "
                   "ReLU.")
+flags.DEFINE_integer("summary_every", 5,
+                     "QAT fine-tuning steps between two TensorBoard summaries of the ranges.")
 flags.DEFINE_float("max_accuracy_drop", 1.0,
                    "Largest allowed TFLite accuracy loss against float, in points.")
 flags.DEFINE_float("min_agreement", 99.0,
@@ -112,12 +118,15 @@ def _train_graph(quantize: bool, seed: int):
         # routed into (and its range trained by) consumers present at rewrite time.
         loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
         accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), labels), tf.float32))
+        summaries = None
         if quantize:
             if FLAGS.symmetric:
                 qat.experimental_create_training_graph(
                     graph, symmetric=FLAGS.symmetric_activations, symmetric_weights=True)
             else:
                 qat.create_training_graph(graph)
+            # TensorBoard: every range variable (min, max) and weight histograms.
+            summaries = qat.report.add_range_summaries(graph)
         rate = FLAGS.qat_learning_rate if quantize else FLAGS.learning_rate
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             train_op = tf1.train.AdamOptimizer(rate).minimize(loss)
@@ -125,7 +134,8 @@ def _train_graph(quantize: bool, seed: int):
         float_saver = tf1.train.Saver(model_variables)
         saver = tf1.train.Saver()
     return graph, dict(images=images, labels=labels, loss=loss, train_op=train_op,
-                       accuracy=accuracy, init=init, float_saver=float_saver, saver=saver)
+                       accuracy=accuracy, init=init, float_saver=float_saver, saver=saver,
+                       summaries=summaries)
 
 
 def train(phase: str, quantize: bool, epochs: int, data, restore_from, save_to: str, seed: int):
@@ -138,21 +148,35 @@ def train(phase: str, quantize: bool, epochs: int, data, restore_from, save_to: 
         sess.run(t["init"])
         if restore_from:
             t["float_saver"].restore(sess, restore_from)  # Float weights only.
+        writer, step = None, 0
+        if t["summaries"] is not None:
+            writer = tf.compat.v1.summary.FileWriter(tensorboard_dir(), graph)
         for epoch in range(1, epochs + 1):
             start = time.perf_counter()
             order = rng.permutation(len(x_train))
             losses, accuracies = [], []
             for i in range(0, len(order), FLAGS.batch_size):
                 batch = order[i:i + FLAGS.batch_size]
-                _, loss, acc = sess.run([t["train_op"], t["loss"], t["accuracy"]],
-                                        {t["images"]: x_train[batch], t["labels"]: y_train[batch]})
+                feed = {t["images"]: x_train[batch], t["labels"]: y_train[batch]}
+                if writer is not None and step % FLAGS.summary_every == 0:
+                    writer.add_summary(sess.run(t["summaries"]), step)
+                step += 1
+                _, loss, acc = sess.run([t["train_op"], t["loss"], t["accuracy"]], feed)
                 losses.append(loss)
                 accuracies.append(acc)
             logging.info("%s epoch %d/%d: loss %.4f, train accuracy %.2f%% (%.1f s)", phase,
                          epoch, epochs, np.mean(losses), 100 * np.mean(accuracies),
                          time.perf_counter() - start)
+        if writer is not None:
+            writer.add_summary(sess.run(t["summaries"]), step)
+            writer.close()
         tf.io.gfile.makedirs(os.path.dirname(save_to))
         return t["saver"].save(sess, save_to)
+
+
+def tensorboard_dir() -> str:
+    """Where the QAT fine-tuning writes its TensorBoard events."""
+    return os.path.join(FLAGS.output_dir, "tensorboard", "qat")
 
 
 def eval_session(checkpoint: str, quantize: bool):
@@ -190,6 +214,7 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 def main(argv):
     del argv
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import qat  # pylint: disable=g-import-not-at-top
     from qat import export  # pylint: disable=g-import-not-at-top
     tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
@@ -224,12 +249,17 @@ def main(argv):
     qat_probs = export.run_graph(qat_sess, INPUT_NAME, OUTPUT_NAME, x_test)
     times["evaluation"] = time.perf_counter() - start
 
+    coverage = qat.report.coverage_report(qat_sess.graph, outputs=[OUTPUT_NAME], sess=qat_sess)
     start = time.perf_counter()
     try:
         results = export.export_tflite(
             [INPUT_NAME], [OUTPUT_NAME], FLAGS.output_dir, sess=qat_sess,
             flavours=("uint8", "int8") if FLAGS.symmetric else ("uint8",),
             default_input_range=INPUT_RANGE, parity_inputs=x_test)
+        flavour = "int8" if "int8" in results else "uint8"
+        numerics = qat.report.layer_numerics_from_session(
+            qat_sess, INPUT_NAME, [OUTPUT_NAME], x_test, model=results[flavour].model,
+            flavour=flavour)
     except export.ExportError as e:
         logging.error("export of the QAT eval graph failed: %s", e)
         return 1
@@ -267,6 +297,7 @@ def main(argv):
     times["total"] = time.perf_counter() - total_start
     print("wall times: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
     print(f"models: {', '.join(r.path for r in results.values())}")
+    _write_report(coverage, numerics)
 
     failures = []
     for flavour, result in results.items():
@@ -280,6 +311,21 @@ def main(argv):
         logging.error("%s", failure)
     print("PASS" if not failures else "FAIL: " + "; ".join(failures))
     return 1 if failures else 0
+
+
+def _write_report(coverage, numerics) -> None:
+    """Writes report text/JSON and plots into <output_dir>/report; prints the paths."""
+    from qat import report  # pylint: disable=g-import-not-at-top
+    ranges = report.range_history(report.read_scalars(tensorboard_dir()))
+    paths = report.write_reports(os.path.join(FLAGS.output_dir, "report"), coverage,
+                                 numerics, ranges)
+    print()
+    print("qat.report:")
+    for line in coverage.summary_lines() + numerics.summary_lines():
+        print(f"  {line}")
+    for kind, path in paths.items():
+        print(f"  {kind}: {path}")
+    print(f"  TensorBoard ranges and weights: tensorboard --logdir {tensorboard_dir()}")
 
 
 def _convert_float(frozen) -> bytes:

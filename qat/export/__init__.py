@@ -16,8 +16,10 @@ from qat.export.errors import ConversionError
 from qat.export.errors import ExportError
 from qat.export.errors import FloatOpError
 from qat.export.errors import GraphLoadError
+from qat.export.errors import NonFiniteError
 from qat.export.errors import ParityError
 from qat.export.errors import TensorNameError
+from qat.export.freeze import check_finite
 from qat.export.freeze import check_tensor_names
 from qat.export.freeze import checkpoint_prefix
 from qat.export.freeze import freeze_graph_file
@@ -40,8 +42,9 @@ from qat.export.pipeline import export_tflite
 
 __all__ = [
     "FLAVOURS", "CheckpointError", "ConversionError", "ExportError", "ExportedModel",
-    "FloatOp", "FloatOpError", "GraphLoadError", "ModelReport", "ParityError", "ParityReport",
-    "TensorNameError", "check_fully_integer", "check_parity", "check_runnable",
+    "FloatOp", "FloatOpError", "GraphLoadError", "ModelReport", "NonFiniteError",
+    "ParityError", "ParityReport",
+    "TensorNameError", "check_finite", "check_fully_integer", "check_parity", "check_runnable",
     "check_tensor_names", "checkpoint_prefix", "compare_outputs", "convert_frozen_graph",
     "describe_model", "export_tflite", "find_float_ops", "freeze_graph_file", "freeze_session",
     "input_range_from_fake_quant", "load_graph_file", "parity_failures",

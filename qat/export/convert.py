@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl import logging
 
 from qat.export.errors import ConversionError, ExportError
-from qat.export.freeze import check_tensor_names, op_name, tensor_name
+from qat.export.freeze import check_finite, check_tensor_names, op_name, tensor_name
 
 FLAVOURS = ("uint8", "int8")
 _FAKE_QUANT_OPS = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs"])
@@ -110,12 +110,15 @@ def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
     Raises:
       TensorNameError: a name is not in the graph.
       ExportError: an input has no range, or the flavour is unknown.
+      NonFiniteError: a weight or range is NaN/Inf (checked before the
+        converter runs, which does not check them).
       ConversionError: the converter failed (its message is included).
     """
     if flavour not in FLAVOURS:
         raise ExportError(f"unknown flavour {flavour!r}: use one of {FLAVOURS}")
     check_tensor_names(graph_def, input_names, "input")
     check_tensor_names(graph_def, output_names, "output")
+    check_finite(graph_def)
     ranges = {op_name(k): v for k, v in (input_ranges or {}).items()}
     stats = {}
     for name in input_names:

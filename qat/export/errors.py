@@ -17,6 +17,19 @@ class CheckpointError(ExportError):
     """A checkpoint is missing or lacks a variable the model reads."""
 
 
+class NonFiniteError(ExportError):
+    """A weight or range of the frozen graph holds NaN or Inf values.
+
+    Attributes:
+      variables: the names of the offending constants (the variables they
+        were frozen from).
+    """
+
+    def __init__(self, message: str, variables=()):
+        super().__init__(message)
+        self.variables = list(variables)
+
+
 class TensorNameError(ExportError):
     """An input or output name does not exist in the graph."""
 

@@ -12,9 +12,11 @@ import tensorflow as tf
 from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 
-from qat.export.errors import CheckpointError, GraphLoadError, TensorNameError
+from qat.export.errors import (CheckpointError, GraphLoadError, NonFiniteError,
+                               TensorNameError)
 
 _REF_VARIABLE_OPS = frozenset(["Variable", "VariableV2", "AutoReloadVariable"])
+_FAKE_QUANT_OPS = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxVarsPerChannel"])
 _RESOURCE_VARIABLE_OPS = frozenset(["VarHandleOp"])
 
 GraphLike = Union[tf.Graph, tf.compat.v1.GraphDef]
@@ -247,3 +249,65 @@ def freeze_graph_file(graph_path: str, checkpoint: Optional[str],
             _restore_from_reader(graph, sess, checkpoint, variable_ops)
         return tf.compat.v1.graph_util.convert_variables_to_constants(
             sess, graph_def, outputs)
+
+
+def _range_readers(graph_def: tf.compat.v1.GraphDef) -> dict:
+    """{op name: FakeQuant op} for ops a FakeQuant reads as min or max.
+
+    Identity chains between the constant and the FakeQuant are followed, so
+    a frozen resource-variable read (Const -> Identity) maps to its Const.
+    """
+    nodes = {n.name: n for n in graph_def.node}
+    readers = {}
+    for node in graph_def.node:
+        if node.op not in _FAKE_QUANT_OPS:
+            continue
+        for inp in node.input[1:3]:
+            name = op_name(inp)
+            while name in nodes and name not in readers:
+                readers[name] = node.name
+                if nodes[name].op != "Identity" or not nodes[name].input:
+                    break
+                name = op_name(nodes[name].input[0])
+    return readers
+
+
+def check_finite(graph_def: tf.compat.v1.GraphDef, label: str = "the frozen graph") -> None:
+    """Raises NonFiniteError if a float constant (frozen variable) is NaN or Inf.
+
+    A diverged training run saves NaN weights or ranges. The TFLite converter
+    does not check them: it may crash, convert NaN weights silently, or make
+    a model the runtime refuses with an unrelated scale error (a NaN range).
+    So this runs before it.
+
+    Args:
+      graph_def: a frozen GraphDef (variables already constants, named after
+        the variables they came from).
+      label: how to call the graph in the message.
+
+    Raises:
+      NonFiniteError: naming every non-finite constant, whether it is a
+        FakeQuant range or weights, and how many values are bad.
+    """
+    readers = _range_readers(graph_def)
+    problems, names = [], []
+    for node in graph_def.node:
+        if node.op != "Const" or not tf.as_dtype(node.attr["dtype"].type).is_floating:
+            continue
+        value = tf.make_ndarray(node.attr["value"].tensor)
+        finite = np.isfinite(value)
+        if finite.all():
+            continue
+        kinds = "/".join(k for k, bad in (("NaN", np.isnan(value).any()),
+                                          ("Inf", np.isinf(value).any())) if bad)
+        what = (f"range {node.name!r} of FakeQuant {readers[node.name]!r}"
+                if node.name in readers else f"variable {node.name!r}")
+        problems.append(f"{what}: {value.size - int(finite.sum())} of {value.size} value(s) "
+                        f"are {kinds}")
+        names.append(node.name)
+    if problems:
+        raise NonFiniteError(
+            f"{label} holds non-finite values, which the TFLite converter does not check: "
+            + "; ".join(problems) + ". The checkpoint comes from a run that diverged: "
+            "restore an earlier checkpoint (or train again with a lower learning rate) "
+            "and export that.", names)

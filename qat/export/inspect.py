@@ -143,6 +143,9 @@ def _is_float(dtype) -> bool:
 
 
 _PASS_THROUGH = frozenset(["Identity", "IdentityN", "Reshape", "Squeeze"])
+# Builtins that read only the shape of their input (a dynamic batch size gives
+# SHAPE of the float model input): not float compute, whatever the input type.
+SHAPE_ONLY_OPS = frozenset(["SHAPE", "RANK"])
 
 
 def _tf_ops_for(tensor_name: str, nodes: Dict[str, str],
@@ -168,7 +171,8 @@ def find_float_ops(report: ModelReport,
     """Returns the ops of `report` that compute in float.
 
     QUANTIZE ops reading a model input and DEQUANTIZE ops writing a model output
-    are the model's float interface, not compute, and are not reported.
+    are the model's float interface, not compute, and are not reported; nor
+    are shape-only ops (SHAPE, RANK) with integer outputs.
 
     Args:
       report: from describe_model.
@@ -191,6 +195,8 @@ def find_float_ops(report: ModelReport,
             continue  # Not compute itself; the float op reading its output is reported.
         float_inputs = [i for i, t in zip(op.inputs, op.input_types) if _is_float(t)]
         float_outputs = [i for i, t in zip(op.outputs, op.output_types) if _is_float(t)]
+        if op.name in SHAPE_ONLY_OPS and not float_outputs:
+            continue
         if not float_inputs and not float_outputs:
             continue
         names = [report.tensors[i].name for i in (float_outputs or float_inputs)]

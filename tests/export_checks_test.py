@@ -1,0 +1,117 @@
+"""Export robustness: non-finite weights and ranges, shape-only ops."""
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import absltest
+
+from qat import export
+from qat.export import inspect
+from export_util import build_model
+
+tf1 = tf.compat.v1
+
+
+def _variable(sess, name):
+    return [v for v in sess.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+            if v.op.name == name][0]
+
+
+class NonFiniteTest(absltest.TestCase):
+
+    def _export(self, sess):
+        return export.export_tflite(["input"], ["output"], tempfile.mkdtemp(), sess=sess,
+                                    flavours=("uint8",), input_ranges={"input": (0.0, 1.0)})
+
+    def test_nan_weights_named_before_conversion(self):
+        _, sess, _ = build_model()
+        variable = _variable(sess, "net/conv2/weights")
+        value = sess.run(variable)
+        value[0, 0, 0, :3] = np.nan
+        with sess.graph.as_default():
+            variable.load(value, sess)
+        with self.assertRaises(export.NonFiniteError) as ctx:
+            self._export(sess)
+        sess.close()
+        self.assertEqual(ctx.exception.variables, ["net/conv2/weights"])
+        message = str(ctx.exception)
+        self.assertIn("variable 'net/conv2/weights': 3 of 288 value(s) are NaN", message)
+        self.assertIn("restore an earlier checkpoint", message)
+        self.assertIsInstance(ctx.exception, export.ExportError)
+
+    def test_inf_range_is_named_as_range(self):
+        # A graph whose activation range is a variable (as qat's are).
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [None, 4], name="input")
+            lo = tf1.get_variable("act_quant/min", initializer=0.0, trainable=False)
+            hi = tf1.get_variable("act_quant/max", initializer=np.float32(np.inf),
+                                  trainable=False)
+            y = tf.quantization.fake_quant_with_min_max_vars(
+                tf.nn.relu(x), lo, hi, name="act_quant/FakeQuantWithMinMaxVars")
+            tf.identity(y, name="output")
+            sess = tf1.Session(graph=graph)
+            sess.run(tf1.global_variables_initializer())
+        with self.assertRaises(export.NonFiniteError) as ctx:
+            self._export(sess)
+        sess.close()
+        self.assertEqual(ctx.exception.variables, ["act_quant/max"])
+        self.assertIn("range 'act_quant/max' of FakeQuant 'act_quant/FakeQuantWithMinMaxVars': "
+                      "1 of 1 value(s) are Inf", str(ctx.exception))
+
+    def test_finite_graph_passes(self):
+        graph, sess, _ = build_model()
+        frozen = export.freeze_session(sess, ["output"])
+        sess.close()
+        export.check_finite(frozen)  # No error.
+        del graph
+
+
+class ShapeOnlyOpsTest(absltest.TestCase):
+
+    def _report(self, op_name, output_type):
+        tensors = {
+            0: inspect.TensorInfo(0, "input", np.float32, (1, 4), 0.0, 0),
+            1: inspect.TensorInfo(1, "shape", output_type, (2,), 0.0, 0),
+        }
+        ops = [inspect.OpInfo(0, op_name, [0], [1], [np.float32], [output_type])]
+        return inspect.ModelReport(ops, tensors, inputs=[0], outputs=[1], size_bytes=0)
+
+    def test_shape_of_float_tensor_is_not_float_compute(self):
+        self.assertEqual(inspect.find_float_ops(self._report("SHAPE", np.int32)), [])
+        self.assertEqual(inspect.find_float_ops(self._report("RANK", np.int32)), [])
+
+    def test_other_ops_on_float_tensors_still_reported(self):
+        found = inspect.find_float_ops(self._report("CAST", np.int32))
+        self.assertEqual([f.tflite_op for f in found], ["CAST"])
+
+    def test_dynamic_batch_reshape_lists_only_the_real_float_ops(self):
+        # The batch size is read from a tensor TFLite keeps in float (the
+        # activation before its FakeQuant), so the model holds SHAPE of a
+        # float tensor: the float conv is reported, the SHAPE is not.
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [None, 8, 8, 1], name="input")
+            xq = tf.quantization.fake_quant_with_min_max_args(x, 0.0, 1.0)
+            w = tf.constant(np.random.RandomState(0).normal(0, 0.3, (3, 3, 1, 4)),
+                            tf.float32)
+            wq = tf.quantization.fake_quant_with_min_max_args(w, -1.0, 1.0, narrow_range=True)
+            relu = tf.nn.relu(tf.nn.conv2d(xq, wq, [1, 1, 1, 1], "SAME"))
+            net = tf.quantization.fake_quant_with_min_max_args(relu, 0.0, 6.0)
+            net = tf.reshape(net, tf.stack([tf.shape(relu)[0], 8 * 8 * 4]), name="flatten")
+            tf.identity(net, name="output")
+            sess = tf1.Session(graph=graph)
+        results = export.export_tflite(["input"], ["output"], tempfile.mkdtemp(), sess=sess,
+                                       flavours=("uint8", "int8"), require_integer=False)
+        sess.close()
+        for flavour, result in results.items():
+            shape_ops = [op for op in result.report.ops if op.name == "SHAPE"]
+            self.assertLen(shape_ops, 1, flavour)
+            self.assertEqual(np.dtype(shape_ops[0].input_types[0]), np.float32, flavour)
+            float_ops = [f.tflite_op for f in export.find_float_ops(result.report)]
+            self.assertIn("CONV_2D", float_ops, flavour)
+            self.assertNotIn("SHAPE", float_ops, flavour)
+
+
+if __name__ == "__main__":
+    absltest.main()
