@@ -23,8 +23,7 @@ def _create_graph(input_graph: Optional[tf.Graph], caller: str,
     # Refuse before the fold pass edits anything.
     preconditions.check_no_optimizer_ops(graph)
     preconditions.check_previous_rewrite(graph, "fold", fold_lib.fold_record(config))
-    preconditions.check_previous_rewrite(graph, "quantize",
-                                         quantize._quantize_record(config))  # pylint: disable=protected-access
+    preconditions.check_previous_rewrite(graph, "quantize", quantize.quantize_record(config))
     if config.is_training:
         preconditions.warn_existing_gradients(graph)
     with graph.as_default():

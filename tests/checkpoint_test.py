@@ -129,10 +129,13 @@ class CheckpointTest(absltest.TestCase):
         # The quantization variables start from their initial values.
         self.assertEqual(float(restored["conv1/act_quant/min"]), 0.0)
         self.assertEqual(float(restored["conv1/act_quant/max"]), 6.0)
-        # Only the rewrite's range variables are new (no hidden EMA ones).
+        # Only the rewrite's range variables and the step counter (whose
+        # first run starts the ranges from the batch's) are new: no hidden
+        # EMA variables.
         self.assertEqual(
             sorted(set(restored) - set(float_values)),
-            sorted(n for n in restored if n.endswith(("_quant/min", "_quant/max"))))
+            sorted([n for n in restored if n.endswith(("_quant/min", "_quant/max"))]
+                   + ["fake_quantization_step"]))
 
     def test_float_checkpoint_filtered_by_contents(self):
         path, float_values = self._save_float()

@@ -316,6 +316,35 @@ class ApiErrorsTest(absltest.TestCase):
         self.assertEqual(fqs["c/weights_quant"].get_attr("num_bits"), 4)
         self.assertEqual(fqs["c/act_quant"].get_attr("num_bits"), 6)
 
+    def test_ranges_start_from_the_first_batch(self):
+        # Activations of a fraction of the [-6, 6] prior would use a few
+        # quantization steps until the moving average moved.
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2, 8, 8, 3], name="x")
+            y = _conv(x * 0.001, "c", act=tf.nn.leaky_relu)
+            loss = tf.reduce_mean(tf.square(y), name="loss")
+            qat.create_training_graph(g)
+            fake_quant = g.get_operation_by_name("c/act_quant/FakeQuantWithMinMaxVars")
+            activation = fake_quant.inputs[0]
+            rng = np.random.RandomState(0)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                ranges, batch_ranges = [], []
+                for _ in range(2):
+                    batch = rng.uniform(-4, 4, [2, 8, 8, 3]).astype(np.float32)
+                    sess.run(loss, {x: batch})
+                    ranges.append(sess.run(["c/act_quant/min/Read/ReadVariableOp:0",
+                                            "c/act_quant/max/Read/ReadVariableOp:0"]))
+                    value = sess.run(activation, {x: batch})  # Runs no update.
+                    batch_ranges.append([min(value.min(), 0.0), max(value.max(), 0.0)])
+        # The first run takes the batch's own range (widened to 0), ...
+        np.testing.assert_allclose(ranges[0], batch_ranges[0], rtol=1e-6)
+        self.assertLess(ranges[0][1], 3.0)
+        # ... later runs average it (decay 0.999).
+        expected = np.array(ranges[0]) - 0.001 * (np.array(ranges[0]) - batch_ranges[1])
+        np.testing.assert_allclose(ranges[1], expected, rtol=1e-5)
+
     def test_eager_mode_error(self):
         code = ("import qat\n"
                 "try:\n"

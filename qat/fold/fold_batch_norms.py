@@ -319,12 +319,10 @@ def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
     """The fold pass on a resolved graph with a validated configuration.
 
     Raises:
-      ValueError: if the graph has optimizer ops or was folded with other
-        settings;
+      ValueError: if the graph was folded with other settings;
         qat.engine.rewrite.RewriteError if the new ops fail their checks. The
         graph is then unchanged.
     """
-    preconditions.check_no_optimizer_ops(graph)
     record = fold_record(config, use_cond)
     done = preconditions.check_previous_rewrite(graph, "fold", record)
     batch_norms, unreachable = bn_lib.find_batch_norms(graph)
@@ -412,4 +410,5 @@ def fold_batch_norms(graph: Optional[tf.Graph] = None,
                                       freeze_bn_delay=freeze_batch_norm_delay)
     if not isinstance(use_cond, bool):
         raise TypeError(f"use_cond must be a bool, got {type(use_cond).__name__}.")
+    preconditions.check_no_optimizer_ops(graph)
     return fold_graph(graph, config, use_cond)

@@ -139,7 +139,8 @@ def _spec(plan: Plan, config: config_lib.RewriteConfig) -> quantizer_batch.Quant
         per_channel=plan.per_channel, ema_decay=config.ema_decay,
         init_min=plan.init_min, init_max=6.0, quant_delay=config.quant_delay,
         vars_collection=config.vars_collection, channel_reshape=reshape,
-        nonnegative=t.op.type in ("Relu", "Relu6"))
+        nonnegative=t.op.type in ("Relu", "Relu6"),
+        init_from_first_batch=config.is_training)
 
 
 def insert_quant_ops(graph: Optional[tf.Graph] = None,
@@ -196,10 +197,11 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
         per_channel=per_channel, ema_decay=ema_decay, quant_delay=quant_delay,
         scope=scope, vars_collection=vars_collection,
         symmetric_weights=symmetric_weights)
+    preconditions.check_no_optimizer_ops(graph)
     return quantize_graph(graph, config)
 
 
-def _quantize_record(config: config_lib.RewriteConfig) -> str:
+def quantize_record(config: config_lib.RewriteConfig) -> str:
     # The fold's setting is not the quantize pass's business.
     return dataclasses.replace(config, freeze_bn_delay=None).describe()
 
@@ -208,12 +210,11 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     """The pass on a resolved graph with a validated configuration.
 
     Raises:
-      ValueError: optimizer ops in the graph, or an earlier quantize rewrite
-        with other settings; qat.engine.rewrite.RewriteError if the new ops
-        fail their checks. The graph is then unchanged.
+      ValueError: an earlier quantize rewrite with other settings;
+        qat.engine.rewrite.RewriteError if the new ops fail their checks. The
+        graph is then unchanged.
     """
-    preconditions.check_no_optimizer_ops(graph)
-    record = _quantize_record(config)
+    record = quantize_record(config)
     done = preconditions.check_previous_rewrite(graph, "quantize", record)
     planner = Planner(graph, config.is_training, config.scope, config.per_channel)
     plans = planner.run()
@@ -221,7 +222,9 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
                   for name, reason in getattr(planner, "left_float", [])]
     rewrite = rewrite_lib.Rewrite(graph, marks.QUANTIZER)
     batch = quantizer_batch.QuantizerBatch(rewrite)
-    step = step_counter.step_for(rewrite) if config.quant_delay else None
+    # Training graphs count steps: delays, and ranges that start from the
+    # first batch's.
+    step = step_counter.step_for(rewrite) if config.is_training or config.quant_delay else None
     specs = [_spec(plan, config) for plan in plans]
     indices = {}   # plan position -> quantizer index
     quantized = {}  # tensor -> node its consumers read instead
@@ -289,5 +292,3 @@ def _warn_unconsumed(tensor: tf.Tensor, quantized: tf.Tensor) -> None:
         "quantized value).", tensor.name, quantized.name, tensor.name,
         quantized.name)
 
-
-check_no_optimizer_ops = preconditions.check_no_optimizer_ops

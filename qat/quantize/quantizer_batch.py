@@ -97,6 +97,10 @@ class QuantizerSpec:
         per-channel FakeQuant, and back after (depthwise filters).
       nonnegative: `inputs` is never negative (a Relu / Relu6 output): the
         batch min is 0 without computing it (one reduction less per step).
+      init_from_first_batch: a moving-average range takes the first batch's
+        min and max (the first run of the quantization step counter)
+        instead of averaging from `init_min` / `init_max`, so no prior such
+        as [-6, 6] squashes small activations while the average moves.
     """
     inputs: tf.Tensor
     prefix: str
@@ -113,6 +117,7 @@ class QuantizerSpec:
     vars_collection: Optional[str] = DEFAULT_VARS_COLLECTION
     channel_reshape: Optional[Sequence[int]] = None
     nonnegative: bool = False
+    init_from_first_batch: bool = False
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""
@@ -235,7 +240,7 @@ class QuantizerBatch(object):
           spec: what to build (validated here). Its prefix is made unique: a
             name scope no op of the graph uses (`<prefix>_<i>` otherwise).
           step: the quantization step (a tensor or a node of the rewrite),
-            needed when spec.quant_delay.
+            needed when spec.quant_delay or spec.init_from_first_batch.
           input_ref: a node of the rewrite to quantize instead of
             `spec.inputs` (same dtype and shape), e.g. its replacement.
 
@@ -243,6 +248,9 @@ class QuantizerBatch(object):
           ValueError: on bad settings.
         """
         spec.validate()
+        if (spec.init_from_first_batch and spec.moving_average and spec.is_training
+                and step is None):
+            raise ValueError("init_from_first_batch needs the quantization step.")
         p = self._nodes.unique_name(spec.prefix)
         self._prefixes.append(p)
         collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
@@ -263,7 +271,7 @@ class QuantizerBatch(object):
         min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
         max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
         if spec.is_training:
-            lo, hi = self._updates(spec, p, x, rank, min_var, max_var)
+            lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
         else:
             lo = min_var + "/Read/ReadVariableOp"
             hi = max_var + "/Read/ReadVariableOp"
@@ -299,7 +307,7 @@ class QuantizerBatch(object):
         self._outputs.append(out + ":0")
         return len(self._outputs) - 1
 
-    def _updates(self, spec, p, x, rank, min_var, max_var):
+    def _updates(self, spec, p, x, rank, min_var, max_var, step):
         zero = self._shared_const("zero", 0.0, tf.float32)
         nonnegative = spec.nonnegative and not spec.per_channel
         if spec.per_channel and rank == 1:
@@ -336,14 +344,31 @@ class QuantizerBatch(object):
         if spec.symmetric:
             lo, hi = self._symmetric(p, lo, hi, spec.num_bits, spec.narrow_range)
         if spec.moving_average:
-            rate = self._shared_const("ema_rate", 1.0 - float(spec.ema_decay),
-                                      tf.float32)
+            rate = self._ema_rate(float(spec.ema_decay), step if spec.init_from_first_batch
+                                  else None)
             lo = self._ema(p + "/AssignMinEma", min_var, lo, rate)
             hi = self._ema(p + "/AssignMaxEma", max_var, hi, rate)
         else:
             lo = self._assign(p + "/AssignMinLast", min_var, lo)
             hi = self._assign(p + "/AssignMaxLast", max_var, hi)
         return lo, hi
+
+    def _ema_rate(self, decay: float, step) -> str:
+        """1 - decay; with the step, 1 on its first run (the batch's range)."""
+        rate = self._shared_const("ema_rate", 1.0 - decay, tf.float32)
+        if step is None:
+            return rate
+        key = ("first_batch_rate", decay)
+        if key not in self._shared:
+            scope = self._shared_scope_name()
+            step_ref = step if isinstance(step, str) else self._external(step)
+            first = self._nodes.node(
+                "%s/first_batch_%d" % (scope, len(self._shared)), "Equal",
+                [step_ref, self._shared_const("one_step", 1, tf.int64)], T=_INT64)
+            self._shared[key] = self._nodes.node(
+                "%s/ema_rate_%d" % (scope, len(self._shared)), "Select",
+                [first, self._shared_const("full_rate", 1.0, tf.float32), rate], T=_FLOAT)
+        return self._shared[key]
 
     def _symmetric(self, p, lo, hi, num_bits, narrow_range):
         """max = -min * (2^b - 2) / 2^b (-min if narrow), widening one side."""
