@@ -15,10 +15,13 @@ NodeDefs into an empty scratch graph first, where TensorFlow checks op types,
 attributes, dtypes and shapes. Every node carries the mark of `qat.engine.marks`.
 """
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+import weakref
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
+from tensorflow.python.client import pywrap_tf_session as c_api
+from tensorflow.python.framework import c_api_util
 
 from qat.engine import marks
 
@@ -29,13 +32,94 @@ _SCRATCH_INPUT = "qat_scratch_input_"
 Input = Union[tf.Tensor, Tuple[str, tf.DType, Sequence[Optional[int]]]]
 
 
-def _stand_in(t: tf.Tensor, name: str) -> tf.Tensor:
-    """A tensor of a scratch graph with `t`'s dtype and shape."""
-    if t.dtype._is_ref_dtype:  # pylint: disable=protected-access
+def _graph_def() -> graph_pb2.GraphDef:
+    """An empty GraphDef of this TensorFlow's version.
+
+    Without a producer version, a Placeholder of shape [] means "unknown
+    shape" (the rule of GraphDefs older than version 21).
+    """
+    graph_def = graph_pb2.GraphDef()
+    graph_def.versions.producer = tf.version.GRAPH_DEF_VERSION
+    graph_def.versions.min_consumer = tf.version.GRAPH_DEF_VERSION_MIN_CONSUMER
+    return graph_def
+
+
+def _add_stand_in(graph_def: graph_pb2.GraphDef, name: str, dtype: tf.DType,
+                  shape: tf.TensorShape) -> None:
+    """Adds a node to `graph_def` standing in for a tensor of this dtype and shape.
+
+    Written as a NodeDef rather than with `tf.compat.v1.placeholder`: a
+    batch has hundreds of them, and Python op constructors are slow.
+    """
+    node = graph_def.node.add()
+    node.name = name
+    if dtype._is_ref_dtype:  # pylint: disable=protected-access
         # Ref inputs (ref variables) need a ref tensor: a variable op.
-        shape = t.shape if t.shape.is_fully_defined() else tf.TensorShape([])
-        return tf.raw_ops.VariableV2(shape=shape, dtype=t.dtype.base_dtype, name=name)
-    return tf.compat.v1.placeholder(t.dtype, t.shape, name=name)
+        node.op = "VariableV2"
+        node.attr["dtype"].type = dtype.base_dtype.as_datatype_enum
+    else:
+        node.op = "Placeholder"
+        node.attr["dtype"].type = dtype.as_datatype_enum
+    node.attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
+
+
+def _import_checked(graph: tf.Graph, graph_def: graph_pb2.GraphDef,
+                    outputs: Sequence[str]) -> Dict[str, tf.Tensor]:
+    """Imports `graph_def` into `graph` in C++ only; wraps just `outputs`.
+
+    TensorFlow checks every node (op type, attributes, dtypes, shape
+    inference) during the C++ import; `import_graph_def` would then also
+    build a Python object for each of them, which costs more than the import
+    itself and is not needed for a check.
+
+    Returns:
+      {`name:<i>`: tensor} for `outputs`.
+
+    Raises:
+      ValueError: TensorFlow's message for a bad node.
+    """
+    options = c_api_util.ScopedTFImportGraphDefOptions()
+    c_api.TF_ImportGraphDefOptionsSetPrefix(options.options, "")
+    for ref in outputs:
+        name, _, index = ref.partition(":")
+        c_api.TF_ImportGraphDefOptionsAddReturnOutput(options.options, name, int(index or 0))
+    buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
+    try:
+        with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
+            results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options.options)
+        results = c_api_util.ScopedTFImportGraphDefResults(results)
+    except tf.errors.InvalidArgumentError as e:
+        raise ValueError(str(e)) from e
+    finally:
+        c_api.TF_DeleteBuffer(buffer)
+    found = {}
+    for ref, output in zip(outputs, c_api.TF_ImportGraphDefResultsReturnOutputs(results.results)):
+        op = graph._create_op_from_tf_operation(output.oper)  # pylint: disable=protected-access
+        found[ref] = op.outputs[output.index]
+    return found
+
+
+# graph -> (ops seen, the lower-cased names and scopes of those ops).
+_USED_SCOPES: "weakref.WeakKeyDictionary[tf.Graph, Tuple[int, Set[str]]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _used_scopes(graph: tf.Graph) -> Set[str]:
+    """Every op name of `graph` and each of its scopes, lower-cased.
+
+    A scope whose ops were named explicitly (`name="conv/act_quant/max"`) is
+    not in the graph's names-in-use table, so the names are read from the
+    ops; ops are only ever added, so the set grows with the graph.
+    """
+    seen, used = _USED_SCOPES.get(graph, (0, set()))
+    ops = graph.get_operations()
+    for op in ops[seen:]:
+        name = op.name.lower()
+        while name and name not in used:
+            used.add(name)
+            name = name.rpartition("/")[0]
+    _USED_SCOPES[graph] = (len(ops), used)
+    return used
 
 
 class NodeBatch(object):
@@ -50,7 +134,7 @@ class NodeBatch(object):
     def __init__(self, graph: tf.Graph, mark: str = marks.FOLD):
         self._graph = graph
         self._mark = mark
-        self._gdef = graph_pb2.GraphDef()
+        self._gdef = _graph_def()
         self._ext: Dict[str, tf.Tensor] = {}
         self._ext_ids: Dict[int, str] = {}
         self._nodes: List[str] = []
@@ -72,13 +156,7 @@ class NodeBatch(object):
         if self._graph.unique_name(name, mark_as_used=False) != name:
             return True  # Used by an op or name scope of the graph.
         if self._used is None:
-            # Every op name and each of its scopes: a scope whose ops were
-            # named explicitly is not in the graph's names-in-use table.
-            self._used = set()
-            for op in self._graph.get_operations():
-                parts = op.name.lower().split("/")
-                for i in range(1, len(parts) + 1):
-                    self._used.add("/".join(parts[:i]))
+            self._used = _used_scopes(self._graph)
         return key in self._used
 
     def unique_name(self, name: str) -> str:
@@ -204,17 +282,19 @@ class NodeBatch(object):
         mark = (mark or self._mark).encode()
         scratch = tf.Graph()
         refs = {}
+        stand_in_def = _graph_def()
+        for k, item in enumerate(inputs):
+            name = "%s%d" % (_SCRATCH_INPUT, k)
+            if isinstance(item, tf.Tensor):
+                _add_stand_in(stand_in_def, name, item.dtype, item.shape)
+                refs[name] = self.external(item)
+            else:
+                ref, dtype, shape = item
+                _add_stand_in(stand_in_def, name, dtype, tf.TensorShape(shape))
+                refs[name] = ref if ":" in ref else ref + ":0"
         with scratch.as_default():
-            stand_ins = []
-            for k, item in enumerate(inputs):
-                name = "%s%d" % (_SCRATCH_INPUT, k)
-                if isinstance(item, tf.Tensor):
-                    stand_ins.append(_stand_in(item, name))
-                    refs[name] = self.external(item)
-                else:
-                    ref, dtype, shape = item
-                    stand_ins.append(tf.compat.v1.placeholder(dtype, shape, name=name))
-                    refs[name] = ref if ":" in ref else ref + ":0"
+            stand_ins = tf.graph_util.import_graph_def(
+                stand_in_def, return_elements=[n + ":0" for n in refs], name="")
             with tf.name_scope(scope + "/"):
                 outputs = list(build_fn(*stand_ins))
         graph_def = scratch.as_graph_def()
@@ -243,26 +323,30 @@ class NodeBatch(object):
             self._nodes.append(node.name)
         return ["%s:%d" % (t.op.name, t.value_index) for t in outputs]
 
-    def check(self) -> Dict[str, tf.Operation]:
+    def check(self, outputs: Sequence[str] = ()) -> Dict[str, tf.Tensor]:
         """Imports the nodes into an empty scratch graph, changing nothing.
 
+        Args:
+          outputs: nodes (`name` or `name:<i>`) whose scratch tensors the
+            caller wants, e.g. to compare dtypes and shapes.
+
         Returns:
-          The scratch ops by node name (their outputs carry the dtypes and
-          shapes the real ops will have).
+          {ref: scratch tensor} for `outputs` (with the dtype and shape the
+          real tensor will have).
 
         Raises:
           ValueError: TensorFlow's message for a bad node.
         """
         if not self._nodes:
             return {}
-        scratch = tf.Graph()
-        with scratch.as_default():
-            input_map = {name: _stand_in(t, "input_%d" % k)
-                         for k, (name, t) in enumerate(self._ext.items())}
-            ops = tf.graph_util.import_graph_def(
-                self._gdef, input_map=input_map, return_elements=self._nodes,
-                name="")
-        return dict(zip(self._nodes, ops))
+        graph_def = _graph_def()
+        for name, t in self._ext.items():
+            _add_stand_in(graph_def, name[:-len(":0")], t.dtype, t.shape)
+        graph_def.node.extend(self._gdef.node)
+        graph_def.library.CopyFrom(self._gdef.library)
+        refs = [r if ":" in r else r + ":0" for r in outputs]
+        found = _import_checked(tf.Graph(), graph_def, refs)
+        return {ref: found[full] for ref, full in zip(outputs, refs)}
 
     def build(self) -> Dict[str, tf.Operation]:
         """Imports the nodes into the graph.
