@@ -6,10 +6,22 @@ tensor handed to the passes increments it: any Session.run that evaluates a
 delayed FakeQuant or a freezable batch norm advances it exactly once.
 
 The passes find the counter through a graph collection, not by its name.
+
+Distributed training (between-graph replication): the counter is ONE variable
+placed with the model's variables (the ps, `qat.engine.placement`), not one
+per worker and not the global step. Every worker's run increments it, so all
+workers read the same count and a delay switches at one moment for the whole
+cluster; it counts the batches the cluster has trained on, which is the
+global step with asynchronous updates and R times the global step with
+`SyncReplicasOptimizer(replicas_to_aggregate=R)`. It does not depend on the
+optimizer being given the global step, and single-process graphs keep
+contrib's semantics and checkpoint name.
 """
 from typing import Optional
 
 import tensorflow as tf
+
+from qat.engine import placement
 
 QUANTIZATION_STEP_NAME = "fake_quantization_step"
 # Collection holding [variable, incremented step tensor] once created.
@@ -44,7 +56,8 @@ def get_or_create_quantization_step(graph: Optional[tf.Graph] = None) -> tf.Tens
     existing = get_quantization_step(graph)
     if existing is not None:
         return existing
-    with graph.as_default(), graph.name_scope(None):
+    with graph.as_default(), graph.name_scope(None), \
+            graph.device(placement.shared_variable_device(graph)):
         variable = tf.compat.v1.get_variable(
             QUANTIZATION_STEP_NAME,
             shape=[],

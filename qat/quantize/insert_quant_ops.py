@@ -55,6 +55,7 @@ import tensorflow as tf
 from qat.quantize import quantizer_batch
 from qat.quantize import patterns as qp
 from qat.quantize import standalone_batch_norm
+from qat.engine import placement as placement_lib
 from qat.engine import step_counter
 from qat.graph_editor import reroute
 from qat.quantize.plan import Plan
@@ -71,8 +72,12 @@ def _reroute(new: tf.Tensor, old: tf.Tensor, consumers) -> None:
 def _spec(plan: Plan, is_training: bool, weight_bits: int,
           activation_bits: int, symmetric: bool, ema_decay: float,
           quant_delay: Optional[int], vars_collection: Optional[str],
-          symmetric_weights: bool = False) -> quantizer_batch.QuantizerSpec:
+          symmetric_weights: bool = False,
+          placement: Optional[placement_lib.Placement] = None,
+          ) -> quantizer_batch.QuantizerSpec:
     t = plan.tensor
+    layers = plan.consumers + plan.weight_sharers
+    placement = placement or placement_lib.Placement(t.graph)
     reshape = None
     if (plan.is_weight and plan.per_channel and t.shape.rank == 4
             and any(c.type == "DepthwiseConv2dNative" for c in plan.consumers)):
@@ -91,7 +96,9 @@ def _spec(plan: Plan, is_training: bool, weight_bits: int,
         per_channel=plan.per_channel, ema_decay=ema_decay,
         init_min=plan.init_min, init_max=6.0, quant_delay=quant_delay,
         vars_collection=vars_collection, channel_reshape=reshape,
-        nonnegative=t.op.type in ("Relu", "Relu6"))
+        nonnegative=t.op.type in ("Relu", "Relu6"),
+        device=placement.compute_device(t, layers if plan.is_weight else ()),
+        variable_device=placement.variable_device(t, layers))
 
 
 def insert_quant_ops(graph: Optional[tf.Graph] = None,
@@ -163,8 +170,10 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
     if not plans:
         return []
     batch = quantizer_batch.QuantizerBatch(graph)
+    placement = placement_lib.Placement(graph)
     specs = [_spec(plan, is_training, weight_bits, activation_bits, symmetric,
-                   ema_decay, quant_delay, vars_collection, symmetric_weights)
+                   ema_decay, quant_delay, vars_collection, symmetric_weights,
+                   placement)
              for plan in plans]
     for spec in specs:
         spec.validate()

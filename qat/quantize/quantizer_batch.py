@@ -96,6 +96,9 @@ class QuantizerSpec:
         per-channel FakeQuant, and back after (depthwise filters).
       nonnegative: `inputs` is never negative (a Relu / Relu6 output): the
         batch min is 0 without computing it (one reduction less per step).
+      device: device of the compute ops (`qat.engine.placement`).
+      variable_device: device of the range variables and the ops reading or
+        assigning them; "" lets an active device function decide.
     """
     inputs: tf.Tensor
     prefix: str
@@ -112,6 +115,8 @@ class QuantizerSpec:
     vars_collection: Optional[str] = DEFAULT_VARS_COLLECTION
     channel_reshape: Optional[Sequence[int]] = None
     nonnegative: bool = False
+    device: str = ""
+    variable_device: str = ""
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""
@@ -148,6 +153,8 @@ class QuantizerBatch(object):
         self._shared_scope: Optional[str] = None
         self._taken = set()
         self._training_fake_quants: List[str] = []
+        self._device = ""           # Of the quantizer being added.
+        self._variable_device = ""
 
     # --- NodeDef helpers (the batch mechanics are qat.engine.node_batch's) ----------
 
@@ -155,11 +162,20 @@ class QuantizerBatch(object):
         """A name the GraphDef uses for an existing tensor (input_map key)."""
         return self._nodes.external(t)
 
-    def _node(self, name, op, inputs=(), control=(), **attrs) -> str:
-        return self._nodes.node(name, op, inputs, control=control, **attrs)
+    def _node(self, name, op, inputs=(), control=(), device=None, **attrs) -> str:
+        """A NodeDef on `device`, by default the current quantizer's."""
+        device = self._device if device is None else device
+        return self._nodes.node(name, op, inputs, device=device,
+                                control=control, **attrs)
 
-    def _const(self, name, value, dtype) -> str:
-        return self._nodes.const(name, value, dtype)
+    def _var_node(self, name, op, inputs=(), control=(), **attrs) -> str:
+        """A NodeDef on the current quantizer's variable device."""
+        return self._node(name, op, inputs, control=control,
+                          device=self._variable_device, **attrs)
+
+    def _const(self, name, value, dtype, device=None) -> str:
+        device = self._device if device is None else device
+        return self._nodes.const(name, value, dtype, device=device)
 
     def _shared_const(self, kind: str, value, dtype) -> str:
         """A constant shared by every quantizer of the batch (fewer ops)."""
@@ -168,7 +184,7 @@ class QuantizerBatch(object):
         if key not in self._shared:
             name = "%s/%s_%d" % (self._shared_scope_name(), kind,
                                  len(self._shared))
-            self._shared[key] = self._const(name, array, dtype)
+            self._shared[key] = self._const(name, array, dtype, device="")
         return self._shared[key]
 
     def _shared_scope_name(self) -> str:
@@ -179,7 +195,7 @@ class QuantizerBatch(object):
             while self._op_exists(name):
                 i += 1
                 name = "%s_%d" % (base, i)
-            self._node(name, "NoOp")
+            self._node(name, "NoOp", device="")
             self._shared_scope = name
         return self._shared_scope
 
@@ -198,20 +214,21 @@ class QuantizerBatch(object):
             self._shared[key] = self._node(
                 "%s/activate_quant_%d" % (self._shared_scope_name(),
                                           len(self._shared)),
-                "GreaterEqual", [self._external(step), delay_const], T=_INT64)
+                "GreaterEqual", [self._external(step), delay_const], T=_INT64,
+                device="")
         return self._shared[key]
 
     def _variable(self, prefix, name, shape, init, collections) -> str:
         base = prefix + "/" + name
         shape = tf.TensorShape(shape)
-        self._node(base, "VarHandleOp", dtype=_FLOAT, shape=shape,
-                   shared_name=base.encode(), container=b"")
+        self._var_node(base, "VarHandleOp", dtype=_FLOAT, shape=shape,
+                       shared_name=base.encode(), container=b"")
         init_value = self._shared_const(
             "init", np.full(shape.as_list(), init, np.float32), tf.float32)
-        self._node(base + "/Assign", "AssignVariableOp", [base, init_value],
-                   dtype=_FLOAT)
-        self._node(base + "/Read/ReadVariableOp", "ReadVariableOp", [base],
-                   dtype=_FLOAT)
+        self._var_node(base + "/Assign", "AssignVariableOp", [base, init_value],
+                       dtype=_FLOAT)
+        self._var_node(base + "/Read/ReadVariableOp", "ReadVariableOp", [base],
+                       dtype=_FLOAT)
         self._variables.append((variable_pb2.VariableDef(
             variable_name=base + ":0",
             initializer_name=base + "/Assign",
@@ -248,6 +265,7 @@ class QuantizerBatch(object):
         spec.validate()
         p = spec.prefix
         self._check_free(p)
+        self._device, self._variable_device = spec.device, spec.variable_device
         collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
         if spec.vars_collection:
             collections.append(spec.vars_collection)
@@ -350,20 +368,21 @@ class QuantizerBatch(object):
         return new_lo, new_hi
 
     def _ema(self, scope, var, value, rate):
-        read = self._node(scope + "/ReadVariableOp", "ReadVariableOp", [var],
-                          dtype=_FLOAT)
+        read = self._var_node(scope + "/ReadVariableOp", "ReadVariableOp",
+                              [var], dtype=_FLOAT)
         sub = self._node(scope + "/sub", "Sub", [read, value], T=_FLOAT)
         delta = self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
-        assign = self._node(scope + "/AssignSubVariableOp",
-                            "AssignSubVariableOp", [var, delta], dtype=_FLOAT)
-        return self._node(scope + "/ReadVariableOp_1", "ReadVariableOp", [var],
-                          control=[assign], dtype=_FLOAT)
+        assign = self._var_node(scope + "/AssignSubVariableOp",
+                                "AssignSubVariableOp", [var, delta],
+                                dtype=_FLOAT)
+        return self._var_node(scope + "/ReadVariableOp_1", "ReadVariableOp",
+                              [var], control=[assign], dtype=_FLOAT)
 
     def _assign(self, scope, var, value):
-        assign = self._node(scope, "AssignVariableOp", [var, value],
-                            dtype=_FLOAT)
-        return self._node(scope + "/ReadVariableOp", "ReadVariableOp", [var],
-                          control=[assign], dtype=_FLOAT)
+        assign = self._var_node(scope, "AssignVariableOp", [var, value],
+                                dtype=_FLOAT)
+        return self._var_node(scope + "/ReadVariableOp", "ReadVariableOp",
+                              [var], control=[assign], dtype=_FLOAT)
 
     def build(self) -> List[tf.Tensor]:
         """Adds every quantizer to the graph.
