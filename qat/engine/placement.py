@@ -13,9 +13,12 @@ passes follow the same rule for what they add:
   function is active on the graph when the rewrite runs (it is called inside
   the `replica_device_setter` scope), their NodeDefs get no device, and the
   function decides exactly as for a variable the user creates there
-  (`import_graph_def` applies the graph's device function stack to imported
-  nodes, with the NodeDef's own device merged on top; a round-robin setter
-  thus spreads them over the ps tasks). Otherwise (the rewrite is called after
+  (`import_graph_def` sets each imported node's device to its NodeDef's, then
+  applies the graph's device function stack to it, innermost first, as for an
+  op built by a Python constructor inside `tf.device(nodedef_device)`;
+  replica_device_setter keeps a device the op has and gives the rest: a
+  round-robin setter spreads the variables over the ps tasks, the compute
+  ops keep their worker device). Otherwise (the rewrite is called after
   the scope was left) they copy the device of the nearest variable behind the
   tensor they quantize (the layer's weights, gamma, ...), else of the global
   step, else of the first global variable.
