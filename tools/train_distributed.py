@@ -113,8 +113,11 @@ def build_training_graph(cluster, task_index: int, num_workers: int):
             if FLAGS.sync_replicas:
                 optimizer = tf1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=num_workers, total_num_replicas=num_workers)
+            # The batch-norm updates hang on the loss, not on the update: the chief of
+            # SyncReplicasOptimizer applies the aggregated gradients with no input fed.
             with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
-                train_op = optimizer.minimize(loss, global_step=global_step)
+                loss = tf.identity(loss, name="loss_with_updates")
+            train_op = optimizer.minimize(loss, global_step=global_step)
             extra_tokens = None
             if FLAGS.sync_replicas and task_index == 0:
                 # Run by the chief at its end: workers blocked on a token finish their step.
@@ -128,7 +131,10 @@ def _wait_for_chief(target: str, config, graph, timeout: float) -> None:
     """Polls (bounded) until the chief has initialised the shared variables."""
     tf = _tf()
     with graph.as_default():
-        uninitialized = tf.compat.v1.report_uninitialized_variables()
+        # Global variables only: local ones (SyncReplicasOptimizer's local step) are the
+        # worker's own, initialised by MonitoredTrainingSession.
+        uninitialized = tf.compat.v1.report_uninitialized_variables(
+            tf.compat.v1.global_variables())
     deadline = time.monotonic() + timeout
     with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
         while time.monotonic() < deadline:
@@ -180,7 +186,8 @@ def train(cluster, server, task_index: int, num_workers: int, train_dir: str, ro
                 if FLAGS.step_sleep:
                     time.sleep(FLAGS.step_sleep)
             if t["extra_tokens"] is not None:
-                sess.run_step_fn(lambda ctx: ctx.session.run(t["extra_tokens"]))
+                sess.run_step_fn(
+                    lambda step_context: step_context.session.run(t["extra_tokens"]))
     seconds = time.monotonic() - start
     logging.info("%s %d: done, %d steps, last global step %d (%.1f s)", role, task_index, runs,
                  global_steps[-1] if global_steps else -1, seconds)
@@ -291,7 +298,7 @@ def run_local(argv_flags) -> int:
 
 def main(argv):
     del argv
-    if FLAGS.max_seconds:
+    if FLAGS.max_seconds and FLAGS.job_name != "local":  # Local mode: bounded wait + kill.
         _watchdog(FLAGS.max_seconds)
     output_dir = os.path.join(FLAGS.train_dir, "tflite")
     if FLAGS.job_name == "local":
