@@ -111,9 +111,8 @@ class Placement(object):
         Returns:
           A device string ("" when the ops it serves have none).
         """
-        for layer in layers:
-            return layer.device
-        return tensor.op.device
+        layers = list(layers)
+        return layers[0].device if layers else tensor.op.device
 
     def variable_device(self, tensor: tf.Tensor,
                         layers: Iterable[tf.Operation] = ()) -> str:
