@@ -20,7 +20,6 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from absl import logging  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest
-import numpy as np
 import tensorflow as tf
 
 import qat
