@@ -245,6 +245,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _echo_progress(log_dir: str, offsets) -> None:
+    """Prints the new progress lines of the workers' logs (local mode)."""
+    for name in offsets:
+        if not name.startswith("worker"):
+            continue
+        with open(os.path.join(log_dir, name + ".log"), "rb") as f:
+            f.seek(offsets[name])
+            chunk = f.read()
+        chunk = chunk[:chunk.rfind(b"\n") + 1]  # Whole lines only.
+        offsets[name] += len(chunk)
+        for line in chunk.decode(errors="replace").splitlines():
+            if "train_distributed.py" in line and "] " in line:
+                print(f"[{name}] {line.split('] ', 1)[1]}", flush=True)
+
+
 def run_local(argv_flags) -> int:
     """Starts 1 ps and the workers on 127.0.0.1, waits for them, stops them."""
     ps_hosts = [f"127.0.0.1:{free_port()}"]
@@ -267,13 +282,16 @@ def run_local(argv_flags) -> int:
                              logs[name].name)
         deadline = time.monotonic() + limit + 30
         status = {}
+        offsets = {name: 0 for name in logs}
         while time.monotonic() < deadline and len(status) < FLAGS.num_workers:
+            _echo_progress(log_dir, offsets)
             for i in range(FLAGS.num_workers):
                 code = procs[f"worker_{i}"].poll()
                 if code is not None and i not in status:
                     status[i] = code
                     logging.info("worker %d exited with status %d", i, code)
             time.sleep(0.5)
+        _echo_progress(log_dir, offsets)
     finally:
         for name, proc in procs.items():
             if proc.poll() is None:
