@@ -249,7 +249,7 @@ class DistributedTrainingTest(absltest.TestCase):
         self._check_export(self._check_checkpoint(cluster, reports[0]["qat_variable_devices"]))
 
     def test_worker_killed_and_restarted(self):
-        cluster = self._cluster("fault", ["--step_sleep=0.1", "--log_every=5", "--noexport"],
+        cluster = self._cluster("fault", ["--step_sleep=0.2", "--log_every=5", "--noexport"],
                                 FAULT_STEPS)
         cluster.start("ps", 0)
         cluster.start("worker", 0)
