@@ -54,6 +54,8 @@ flags.DEFINE_bool("sync_replicas", False,
 flags.DEFINE_integer("quant_delay", 50, "quant_delay of the training rewrite (runs of the "
                      "shared fake_quantization_step counter).")
 flags.DEFINE_integer("freeze_bn_delay", 400, "freeze_bn_delay of the training rewrite.")
+flags.DEFINE_bool("cosine_decay", True,
+                  "Decay the learning rate to 0 over --steps global steps (cosine).")
 flags.DEFINE_bool("rewrite_in_device_scope", True,
                   "Call the rewrite inside the replica_device_setter scope (else after it).")
 flags.DEFINE_integer("save_checkpoint_steps", 100, "Chief checkpoint period (and at the end).")
@@ -109,7 +111,10 @@ def build_training_graph(cluster, task_index: int, num_workers: int):
         if not FLAGS.rewrite_in_device_scope:
             rewrite()
         with tf1.device(setter):
-            optimizer = tf1.train.AdamOptimizer(FLAGS.learning_rate)
+            rate = FLAGS.learning_rate
+            if FLAGS.cosine_decay:
+                rate = tf1.train.cosine_decay(rate, global_step, FLAGS.steps)
+            optimizer = tf1.train.AdamOptimizer(rate)
             if FLAGS.sync_replicas:
                 optimizer = tf1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=num_workers, total_num_replicas=num_workers)
