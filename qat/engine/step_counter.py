@@ -6,6 +6,16 @@ tensor handed to the passes increments it: any Session.run that evaluates a
 delayed FakeQuant or a freezable batch norm advances it exactly once.
 
 The passes find the counter through a graph collection, not by its name.
+
+Distributed training (between-graph replication): the counter is ONE variable
+placed with the model's variables (the ps, `qat.engine.placement`), not one
+per worker and not the global step. Every worker's run increments it, so all
+workers read the same count and a delay switches at one moment for the whole
+cluster; it counts the batches the cluster has trained on, which is the
+global step with asynchronous updates and R times the global step with
+`SyncReplicasOptimizer(replicas_to_aggregate=R)`. It does not depend on the
+optimizer being given the global step, and single-process graphs keep
+contrib's semantics and checkpoint name.
 """
 from typing import Optional, Union
 
@@ -14,6 +24,8 @@ from tensorflow.core.framework import variable_pb2
 from tensorflow.python.ops import resource_variable_ops
 
 from qat.engine import marks
+
+from qat.engine import placement
 
 QUANTIZATION_STEP_NAME = "fake_quantization_step"
 # Collection holding [variable, incremented step tensor] once created.
@@ -48,7 +60,8 @@ def get_or_create_quantization_step(graph: Optional[tf.Graph] = None) -> tf.Tens
     existing = get_quantization_step(graph)
     if existing is not None:
         return existing
-    with graph.as_default(), graph.name_scope(None):
+    with graph.as_default(), graph.name_scope(None), \
+            graph.device(placement.shared_variable_device(graph)):
         variable = tf.compat.v1.get_variable(
             QUANTIZATION_STEP_NAME,
             shape=[],
@@ -85,19 +98,21 @@ def step_for(rewrite) -> Union[tf.Tensor, str]:
     nodes = rewrite.nodes
     name = nodes.unique_name(QUANTIZATION_STEP_NAME)
     int64 = tf.int64
-    mark = {marks.ATTR: marks.STEP_COUNTER}
+    # One counter for a whole cluster: with the model's variables.
+    device = placement.shared_variable_device(rewrite.graph)
+    common = {marks.ATTR: marks.STEP_COUNTER, "device": device}
     nodes.node(name, "VarHandleOp", dtype=int64, shape=tf.TensorShape([]),
-               shared_name=name, container="", **mark)
-    zero = nodes.const(name + "/Initializer/zeros", 0, int64)
-    nodes.node(name + "/Assign", "AssignVariableOp", [name, zero], dtype=int64, **mark)
+               shared_name=name, container="", **common)
+    zero = nodes.const(name + "/Initializer/zeros", 0, int64, device=device)
+    nodes.node(name + "/Assign", "AssignVariableOp", [name, zero], dtype=int64, **common)
     nodes.node(name + "/Read/ReadVariableOp", "ReadVariableOp", [name], dtype=int64,
-               **mark)
-    one = nodes.const(name + "/AssignAddVariableOp/value", 1, int64)
+               **common)
+    one = nodes.const(name + "/AssignAddVariableOp/value", 1, int64, device=device)
     add = nodes.node(name + "/AssignAddVariableOp", "AssignAddVariableOp", [name, one],
-                     dtype=int64, **mark)
+                     dtype=int64, **common)
     read = nodes.node(name + "/ReadVariableOp", "ReadVariableOp", [name], dtype=int64,
-                      control=[add], **mark)
-    step = nodes.node(name + "/Identity", "Identity", [read], T=int64, **mark) + ":0"
+                      control=[add], **common)
+    step = nodes.node(name + "/Identity", "Identity", [read], T=int64, **common) + ":0"
     variable_def = variable_pb2.VariableDef(
         variable_name=name + ":0", initializer_name=name + "/Assign",
         snapshot_name=name + "/Read/ReadVariableOp:0",

@@ -56,6 +56,7 @@ import tensorflow as tf
 
 from qat.engine import config as config_lib
 from qat.engine import marks
+from qat.engine import placement as placement_lib
 from qat.engine import preconditions
 from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
@@ -119,8 +120,10 @@ def _kind(prefix: str) -> str:
     return base if suffix.isdigit() and base.endswith("quant") else kind
 
 
-def _spec(plan: Plan, config: config_lib.RewriteConfig) -> quantizer_batch.QuantizerSpec:
+def _spec(plan: Plan, config: config_lib.RewriteConfig,
+          placement: placement_lib.Placement) -> quantizer_batch.QuantizerSpec:
     t = plan.tensor
+    layers = plan.consumers + plan.weight_sharers
     reshape = None
     if (plan.is_weight and plan.per_channel and t.shape.rank == 4
             and any(c.type == "DepthwiseConv2dNative" for c in plan.consumers)):
@@ -140,7 +143,9 @@ def _spec(plan: Plan, config: config_lib.RewriteConfig) -> quantizer_batch.Quant
         init_min=plan.init_min, init_max=6.0, quant_delay=config.quant_delay,
         vars_collection=config.vars_collection, channel_reshape=reshape,
         nonnegative=t.op.type in ("Relu", "Relu6"),
-        init_from_first_batch=config.is_training)
+        init_from_first_batch=config.is_training,
+        device=placement.compute_device(t, layers if plan.is_weight else ()),
+        variable_device=placement.variable_device(t, layers))
 
 
 def insert_quant_ops(graph: Optional[tf.Graph] = None,
@@ -225,7 +230,8 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     # Training graphs count steps: delays, and ranges that start from the
     # first batch's.
     step = step_counter.step_for(rewrite) if config.is_training or config.quant_delay else None
-    specs = [_spec(plan, config) for plan in plans]
+    placement = placement_lib.Placement(graph)
+    specs = [_spec(plan, config, placement) for plan in plans]
     indices = {}   # plan position -> quantizer index
     quantized = {}  # tensor -> node its consumers read instead
 

@@ -97,6 +97,9 @@ class QuantizerSpec:
         per-channel FakeQuant, and back after (depthwise filters).
       nonnegative: `inputs` is never negative (a Relu / Relu6 output): the
         batch min is 0 without computing it (one reduction less per step).
+      device: device of the compute ops (`qat.engine.placement`).
+      variable_device: device of the range variables and the ops reading or
+        assigning them; "" lets an active device function decide.
       init_from_first_batch: a moving-average range takes the first batch's
         min and max (the first run of the quantization step counter)
         instead of averaging from `init_min` / `init_max`, so no prior such
@@ -117,6 +120,8 @@ class QuantizerSpec:
     vars_collection: Optional[str] = DEFAULT_VARS_COLLECTION
     channel_reshape: Optional[Sequence[int]] = None
     nonnegative: bool = False
+    device: str = ""
+    variable_device: str = ""
     init_from_first_batch: bool = False
 
     def validate(self) -> None:
@@ -163,6 +168,8 @@ class QuantizerBatch(object):
         self._shared: Dict[tuple, str] = {}
         self._shared_scope: Optional[str] = None
         self._training_fake_quants: List[tuple] = []
+        self._device = ""           # Of the quantizer being added.
+        self._variable_device = ""
 
     # --- NodeDef helpers (the batch mechanics are qat.engine.node_batch's) ----
 
@@ -170,9 +177,16 @@ class QuantizerBatch(object):
         """A name the GraphDef uses for an existing tensor (input_map key)."""
         return self._nodes.external(t)
 
-    def _node(self, name, op, inputs=(), control=(), **attrs) -> str:
-        return self._nodes.node(name, op, inputs, control=control,
-                                device=self._device, **attrs)
+    def _node(self, name, op, inputs=(), control=(), device=None, **attrs) -> str:
+        """A NodeDef on `device`, by default the current quantizer's."""
+        device = self._device if device is None else device
+        return self._nodes.node(name, op, inputs, device=device, control=control,
+                                **attrs)
+
+    def _var_node(self, name, op, inputs=(), control=(), **attrs) -> str:
+        """A NodeDef on the current quantizer's variable device."""
+        return self._node(name, op, inputs, control=control,
+                          device=self._variable_device, **attrs)
 
     def _const(self, name, value, dtype) -> str:
         return self._nodes.const(name, value, dtype, device=self._device)
@@ -195,8 +209,6 @@ class QuantizerBatch(object):
             self._shared_scope = name
         return self._shared_scope
 
-    _device = ""
-
     def _activation_condition(self, step: Union[tf.Tensor, str], delay: int) -> str:
         """`step >= delay`, one op per delay value in the batch."""
         key = ("active", int(delay))
@@ -212,14 +224,14 @@ class QuantizerBatch(object):
     def _variable(self, prefix, name, shape, init, collections) -> str:
         base = prefix + "/" + name
         shape = tf.TensorShape(shape)
-        self._node(base, "VarHandleOp", dtype=_FLOAT, shape=shape,
-                   shared_name=base.encode(), container=b"")
+        self._var_node(base, "VarHandleOp", dtype=_FLOAT, shape=shape,
+                       shared_name=base.encode(), container=b"")
         init_value = self._shared_const(
             "init", np.full(shape.as_list(), init, np.float32), tf.float32)
-        self._node(base + "/Assign", "AssignVariableOp", [base, init_value],
-                   dtype=_FLOAT)
-        self._node(base + "/Read/ReadVariableOp", "ReadVariableOp", [base],
-                   dtype=_FLOAT)
+        self._var_node(base + "/Assign", "AssignVariableOp", [base, init_value],
+                       dtype=_FLOAT)
+        self._var_node(base + "/Read/ReadVariableOp", "ReadVariableOp", [base],
+                       dtype=_FLOAT)
         self._rewrite.add_variable(variable_pb2.VariableDef(
             variable_name=base + ":0",
             initializer_name=base + "/Assign",
@@ -253,6 +265,7 @@ class QuantizerBatch(object):
             raise ValueError("init_from_first_batch needs the quantization step.")
         p = self._nodes.unique_name(spec.prefix)
         self._prefixes.append(p)
+        self._device, self._variable_device = spec.device, spec.variable_device
         collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
         if spec.vars_collection:
             collections.append(spec.vars_collection)
@@ -385,20 +398,20 @@ class QuantizerBatch(object):
         return new_lo, new_hi
 
     def _ema(self, scope, var, value, rate):
-        read = self._node(scope + "/ReadVariableOp", "ReadVariableOp", [var],
-                          dtype=_FLOAT)
+        read = self._var_node(scope + "/ReadVariableOp", "ReadVariableOp",
+                              [var], dtype=_FLOAT)
         sub = self._node(scope + "/sub", "Sub", [read, value], T=_FLOAT)
         delta = self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
-        assign = self._node(scope + "/AssignSubVariableOp",
-                            "AssignSubVariableOp", [var, delta], dtype=_FLOAT)
-        return self._node(scope + "/ReadVariableOp_1", "ReadVariableOp", [var],
-                          control=[assign], dtype=_FLOAT)
+        assign = self._var_node(scope + "/AssignSubVariableOp",
+                                "AssignSubVariableOp", [var, delta], dtype=_FLOAT)
+        return self._var_node(scope + "/ReadVariableOp_1", "ReadVariableOp",
+                              [var], control=[assign], dtype=_FLOAT)
 
     def _assign(self, scope, var, value):
-        assign = self._node(scope, "AssignVariableOp", [var, value],
-                            dtype=_FLOAT)
-        return self._node(scope + "/ReadVariableOp", "ReadVariableOp", [var],
-                          control=[assign], dtype=_FLOAT)
+        assign = self._var_node(scope, "AssignVariableOp", [var, value],
+                                dtype=_FLOAT)
+        return self._var_node(scope + "/ReadVariableOp", "ReadVariableOp",
+                              [var], control=[assign], dtype=_FLOAT)
 
     def output(self, index: int) -> str:
         """The rewrite's node consumers of quantizer `index` read."""
