@@ -14,7 +14,8 @@ LAYER_CHAIN, rooted at the tensor a batch norm reads (the "pre-BN" tensor)::
 
   The layer ops are Conv2D, MatMul and DepthwiseConv2dNative; weights and
   biases are "parameters": a ReadVariableOp (resource variable), an Identity
-  of a VariableV2 (ref variable, the `/read` op) or a Const, each optionally
+  of a VariableV2 (ref variable, the `/read` op), a Const, or the ConcatV2
+  of such reads that a PartitionedVariable is read as, each optionally
   behind one Identity. Whether a bias really is a per-channel vector is for
   the pass to check (shapes are not part of the pattern).
 
@@ -58,13 +59,32 @@ VARIABLE_READ_TYPES = ("ReadVariableOp",)
 REF_VARIABLE_TYPES = ("VariableV2", "Variable")
 
 
-def _parameter(name: str) -> OneofPattern:
-    """A weight or bias: a variable read or a constant, maybe behind Identity."""
-    direct = OneofPattern([
+def _direct_parameter() -> OneofPattern:
+    """A variable read or a constant."""
+    return OneofPattern([
         OpTypePattern("ReadVariableOp"),
         OpTypePattern("Identity", inputs=[OpTypePattern("|".join(REF_VARIABLE_TYPES))]),
         OpTypePattern("Const"),
     ])
+
+
+# A PartitionedVariable (`get_variable(..., partitioner=...)`) is read as
+# ConcatV2(shard reads..., axis): up to this many shards are recognised.
+MAX_PARTITIONED_SHARDS = 16
+
+
+def _partitioned_parameter() -> OneofPattern:
+    """The value of a PartitionedVariable: ConcatV2 of 2.. shard reads."""
+    return OneofPattern([
+        OpTypePattern("ConcatV2", inputs=[_direct_parameter() for _ in range(shards)]
+                      + [OpTypePattern("Const")])
+        for shards in range(2, MAX_PARTITIONED_SHARDS + 1)])
+
+
+def _parameter(name: str) -> OneofPattern:
+    """A weight or bias: a variable read, a constant or a partitioned
+    variable's shards concatenated, maybe behind Identity."""
+    direct = OneofPattern([_direct_parameter(), _partitioned_parameter()])
     return OneofPattern([direct, OpTypePattern("Identity", inputs=[direct])],
                         name=name)
 
