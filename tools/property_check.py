@@ -12,6 +12,7 @@ and, for each violated one, the smallest violating network (greedily shrunk
 further within --shrink_budget checks). --time_limit_s stops early and says so.
 Exit status 1 on any violation, 0 otherwise.
 """
+import multiprocessing
 import os
 import sys
 import time
@@ -38,6 +39,9 @@ flags.DEFINE_integer("progress_every", 100, "Print a progress line every N examp
 flags.DEFINE_integer("shrink_budget", 40,
                      "Checks spent shrinking each violated invariant's example.")
 flags.DEFINE_float("time_limit_s", 0.0, "Stop after this many seconds (0: none).")
+flags.DEFINE_integer("workers", 1,
+                     "Processes sharing the examples (worker i draws from seed "
+                     "--seed * 1000 + i); for machines with more cores.")
 
 
 class _TimeUp(Exception):
@@ -53,6 +57,15 @@ class _Tally(object):
         self.counts = {name: 0 for name in invariants.INVARIANTS}
         self.smallest = {}  # name -> (network, message)
 
+    def merge(self, other: "_Tally") -> None:
+        self.examples += other.examples
+        self.failing_examples += other.failing_examples
+        for name, count in other.counts.items():
+            self.counts[name] += count
+        for name, (net, message) in other.smallest.items():
+            if name not in self.smallest or net.size() < self.smallest[name][0].size():
+                self.smallest[name] = (net, message)
+
     def record(self, net, violated) -> None:
         self.examples += 1
         if violated:
@@ -63,8 +76,31 @@ class _Tally(object):
                 self.smallest[name] = (net, message)
 
 
+def _worker(args) -> _Tally:
+    """One worker process of --workers (spawned: its own TensorFlow)."""
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    tf.compat.v1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    logging.set_verbosity(logging.ERROR)
+    return run(*args)
+
+
+def run_parallel(workers: int, num_examples: int, seed: int, max_depth: int,
+                 progress_every: int, time_limit_s: float) -> _Tally:
+    """`run` split over `workers` processes with seeds seed * 1000 + i."""
+    counts = [num_examples // workers + (i < num_examples % workers)
+              for i in range(workers)]
+    jobs = [(n, seed * 1000 + i, max_depth, progress_every, time_limit_s, f"worker {i}: ")
+            for i, n in enumerate(counts) if n]
+    tally = _Tally()
+    with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
+        for part in pool.map(_worker, jobs):
+            tally.merge(part)
+    return tally
+
+
 def run(num_examples: int, seed: int, max_depth: int, progress_every: int,
-        time_limit_s: float) -> _Tally:
+        time_limit_s: float, label: str = "") -> _Tally:
     """Checks `num_examples` networks drawn from `seed`; returns the tally."""
     tally = _Tally()
     start = time.time()
@@ -80,14 +116,14 @@ def run(num_examples: int, seed: int, max_depth: int, progress_every: int,
         tally.record(net, invariants.violations(net))
         if tally.examples % progress_every == 0:
             elapsed = time.time() - start
-            print(f"{tally.examples}/{num_examples} examples, "
+            print(f"{label}{tally.examples}/{num_examples} examples, "
                   f"{tally.failing_examples} with violations, {elapsed:.0f} s "
                   f"({elapsed / tally.examples:.2f} s/example)", flush=True)
 
     try:
         check()  # pylint: disable=no-value-for-parameter
     except _TimeUp:
-        print(f"time limit of {time_limit_s:.0f} s reached after "
+        print(f"{label}time limit of {time_limit_s:.0f} s reached after "
               f"{tally.examples} examples", flush=True)
     return tally
 
@@ -98,10 +134,15 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)
     tf.get_logger().setLevel("ERROR")
     start = time.time()
-    tally = run(FLAGS.examples, FLAGS.seed, FLAGS.max_depth, FLAGS.progress_every,
-                FLAGS.time_limit_s)
+    if FLAGS.workers > 1:
+        tally = run_parallel(FLAGS.workers, FLAGS.examples, FLAGS.seed, FLAGS.max_depth,
+                             FLAGS.progress_every, FLAGS.time_limit_s)
+    else:
+        tally = run(FLAGS.examples, FLAGS.seed, FLAGS.max_depth, FLAGS.progress_every,
+                    FLAGS.time_limit_s)
     elapsed = time.time() - start
-    print(f"\n{tally.examples} examples (seed {FLAGS.seed}) in {elapsed:.0f} s; "
+    print(f"\n{tally.examples} examples (seed {FLAGS.seed}, {FLAGS.workers} "
+          f"worker(s)) in {elapsed:.0f} s; "
           f"{tally.failing_examples} violate at least one invariant")
     print(f"{'invariant':24s} violations")
     for name in invariants.INVARIANTS:
