@@ -172,6 +172,11 @@ class SelectTest(absltest.TestCase):
             ["a", "c", "f"])
         # Seeds outside within_ops are dropped.
         self.assertEqual(ge.get_forward_walk_ops(self.a.op, within_ops=[self.c.op]), [])
+        # contrib r1.15: an empty within_ops keeps the seeds and visits nothing else.
+        self.assertEqual(_names(ge.get_forward_walk_ops(self.a.op, within_ops=[])), ["a"])
+        self.assertEqual(ge.get_forward_walk_ops(self.a.op, within_ops=[], inclusive=False), [])
+        self.assertEqual(_names(ge.get_forward_walk_ops(self.c, within_ops=())),
+                         _names(self.c.consumers()))
         self.assertEqual(_names(ge.get_forward_walk_ops(self.a.op, stop_at_ts=[self.c])),
                          ["a", "c", "d", "e", "blk/h"])
         self.assertEqual(
@@ -192,6 +197,9 @@ class SelectTest(absltest.TestCase):
         self.assertEqual(
             _names(ge.get_backward_walk_ops(self.e.op, within_ops=self.op_names("e d a"))),
             ["e", "d", "a"])
+        self.assertEqual(_names(ge.get_backward_walk_ops(self.e.op, within_ops=[])), ["e"])
+        self.assertEqual(_names(ge.get_backward_walk_ops([self.e.op, self.d], within_ops=[])),
+                         ["e", "d"])
         self.assertEqual(
             _names(ge.get_backward_walk_ops(self.e.op,
                                             within_ops_fn=lambda op: op.name != "c")),

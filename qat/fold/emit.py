@@ -45,6 +45,8 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
     ctx = layer_op.name.rpartition("/")[0]
     prefix = (ctx + "/") if ctx else ""
     dtype = layer_op.outputs[0].dtype.base_dtype
+    # The batch norm's statistics: float32 also for float16 / bfloat16 layers.
+    stat_dtype = bn.mean.dtype.base_dtype
     device = layer_op.device
     ext = batch.external
 
@@ -58,16 +60,18 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
         if rank == 1:
             return ref
         return node(scope + "/Reshape", "Reshape", [ref, shared("shape", [-1], tf.int32)],
-                    T=dtype, Tshape=tf.int32)
+                    T=stat_dtype, Tshape=tf.int32)
+
+    to_layer_dtype, to_stat_dtype = _mixed_precision_casts(node, stat_dtype, dtype, prefix)
 
     def statistic(t, variable, scope):
         if t is not None:
             return flat(ext(t), t.shape.rank, scope)
         if variable.dtype == tf.resource:
             read = node(prefix + "ReadVariableOp", "ReadVariableOp", [ext(variable)],
-                        dtype=dtype)
+                        dtype=stat_dtype)
         else:
-            read = node(prefix + "Identity", "Identity", [ext(variable)], T=dtype)
+            read = node(prefix + "Identity", "Identity", [ext(variable)], T=stat_dtype)
         return flat(read, variable.shape.rank, scope)
 
     scale = batch.unique_name(prefix + "scale_fold")
@@ -75,13 +79,13 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
     if isinstance(bn.epsilon, tf.Tensor):
         epsilon = ext(bn.epsilon)
     else:
-        epsilon = shared("epsilon", bn.epsilon, dtype)
+        epsilon = shared("epsilon", bn.epsilon, stat_dtype)
     s = node(scale + "/Rsqrt", "Rsqrt",
-             [node(scale + "/add", "AddV2", [variance, epsilon], T=dtype)], T=dtype)
+             [node(scale + "/add", "AddV2", [variance, epsilon], T=stat_dtype)], T=stat_dtype)
     if bn.gamma is not None:
         s = node(scale + "/mul", "Mul", [s, flat(ext(bn.gamma), bn.gamma.shape.rank, scale)],
-                 T=dtype)
-    s_stopped = node(scale + "/StopGradient", "StopGradient", [s], T=dtype)
+                 T=stat_dtype)
+    s_stopped = node(scale + "/StopGradient", "StopGradient", [s], T=stat_dtype)
     s_weights = s
     if plan.training:
         # Before the freeze the original batch norm gets gamma's gradient
@@ -91,7 +95,7 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
         s_weights = s_stopped
         if frozen is not None:
             s_weights = node(scale + "/select", "SelectV2", [frozen, s, s_stopped],
-                             T=dtype)
+                             T=stat_dtype)
     weights = layer_patterns.weight_input(layer_op)
 
     def weight_layout(vector):
@@ -122,11 +126,12 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
         return vector
 
     emitted = Emitted(weights=node(prefix + "mul_fold", "Mul",
-                                    [ext(weights), weight_layout(s_weights)], T=dtype),
-                       unscaled="", bn_consumers=list(bn.output.consumers()))
+                                   [ext(weights), weight_layout(to_layer_dtype(s_weights))],
+                                   T=dtype),
+                      unscaled="", bn_consumers=list(bn.output.consumers()))
     # 1 / stop_gradient(s), 0 where s == 0 (gamma == 0): no NaN, no gradient.
-    inverse = node(scale + "/inverse", "DivNoNan", [shared("one", 1.0, dtype), s_stopped],
-                   T=dtype)
+    inverse = to_layer_dtype(node(scale + "/inverse", "DivNoNan",
+                                  [shared("one", 1.0, stat_dtype), s_stopped], T=stat_dtype))
     # What BiasAdd_Fold reads: y (eval) or y * s (training, after the freeze).
     folded_input = None if plan.training else ext(plan.layer_output)
     if plan.training:
@@ -137,7 +142,7 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
                                 [emitted.weights, weight_layout(inverse)], T=dtype)
         if frozen is not None:
             # After the freeze: y * s + b_fold = layer(x, fq(w*s)) + b_fold.
-            emitted.rescale = activation_layout(s_stopped)
+            emitted.rescale = activation_layout(to_layer_dtype(s_stopped))
             if not use_cond:
                 folded_input = node(prefix + "rescale_fold", "Mul",
                                     [ext(plan.layer_output), emitted.rescale], T=dtype)
@@ -145,13 +150,15 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
         bias_scope = batch.unique_name(prefix + "bias_fold")
         centred = statistic(bn.moving_mean, bn.mean_variable, bias_scope)
         if plan.bias is not None:
-            centred = node(bias_scope + "/sub", "Sub", [centred, ext(plan.bias)], T=dtype)
-        centred = node(bias_scope + "/mul", "Mul", [centred, s], T=dtype)
+            centred = node(bias_scope + "/sub", "Sub",
+                           [centred, to_stat_dtype(ext(plan.bias))], T=stat_dtype)
+        centred = node(bias_scope + "/mul", "Mul", [centred, s], T=stat_dtype)
         if bn.beta is not None:
             beta = flat(ext(bn.beta), bn.beta.shape.rank, bias_scope)
-            emitted.b_fold = node(bias_scope + "/sub_1", "Sub", [beta, centred], T=dtype)
+            b_fold = node(bias_scope + "/sub_1", "Sub", [beta, centred], T=stat_dtype)
         else:
-            emitted.b_fold = node(bias_scope + "/Neg", "Neg", [centred], T=dtype)
+            b_fold = node(bias_scope + "/Neg", "Neg", [centred], T=stat_dtype)
+        emitted.b_fold = to_layer_dtype(b_fold)
         if not (plan.training and use_cond):
             emitted.bias_add = node(prefix + "BiasAdd_Fold", "BiasAdd",
                                     [folded_input, emitted.b_fold], T=dtype,
@@ -173,3 +180,22 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
             [frozen, emitted.folded, ext(bn.output)], device=bn.op.device, T=dtype,
             _gradient_op_type=SELECT_GRADIENT)
     return emitted
+
+
+def _mixed_precision_casts(node, stat_dtype: tf.DType, layer_dtype: tf.DType, prefix: str):
+    """(to_layer_dtype, to_stat_dtype): NodeBatch refs cast between the two.
+
+    A float16 / bfloat16 layer (mixed precision) feeds a batch norm that keeps
+    its statistics in float32: the fold computes the scale and bias in
+    float32 and casts them to the layer's dtype where they meet the weights
+    or the layer output. With one dtype both are the identity (no op added).
+    """
+    def cast(src, dst):
+        def apply(ref):
+            if src == dst:
+                return ref
+            return node(prefix + "Cast_Fold", "Cast", [ref], SrcT=src, DstT=dst,
+                        Truncate=False)
+        return apply
+
+    return cast(stat_dtype, layer_dtype), cast(layer_dtype, stat_dtype)

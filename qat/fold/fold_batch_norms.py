@@ -331,11 +331,6 @@ def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
     for bn in batch_norms:
         if _already_folded(bn):
             continue
-        if bn.mean.dtype.base_dtype != bn.input.dtype.base_dtype:
-            skipped.append(SkippedBatchNorm(bn.op.name, (
-                f"its layer computes in {bn.input.dtype.name} and its statistics are "
-                f"{bn.mean.dtype.name} (mixed precision): not folded")))
-            continue
         try:
             plans.append(fold_plan.plan_fold(bn, config.is_training))
         except fold_plan.CannotFold as e:

@@ -118,10 +118,15 @@ def _walk_seeds(seed_ops, tensor_to_ops):
 
 
 def _walk(seed_ops, inclusive, within_ops, within_ops_fn, stop_at_ts, next_ops):
-    """Breadth-first walk shared by the forward and backward walks."""
+    """Breadth-first walk shared by the forward and backward walks.
+
+    As in contrib, an empty `within_ops` keeps the seeds and visits nothing
+    else; a non-empty one also drops the seeds outside it.
+    """
     if within_ops is not None:
         within_ops = set(util.make_list_of_op(within_ops, allow_graph=False))
-        seed_ops = [op for op in seed_ops if op in within_ops]
+        if within_ops:
+            seed_ops = [op for op in seed_ops if op in within_ops]
     stop_at_ts = set(util.make_list_of_t(stop_at_ts))
 
     def is_within(op):
@@ -153,7 +158,7 @@ def get_forward_walk_ops(seed_ops, inclusive=True, within_ops=None,
       seed_ops: ops and/or tensors; a tensor seeds its consumers.
       inclusive: keep the seed ops in the result.
       within_ops: only visit these ops (seeds outside are dropped); None for
-        no restriction.
+        no restriction; empty: the seeds only (contrib's behaviour).
       within_ops_fn: only visit ops for which it returns True (seeds are not
         checked).
       stop_at_ts: tensors the walk does not follow.
@@ -188,7 +193,7 @@ def get_backward_walk_ops(seed_ops, inclusive=True, within_ops=None,
       seed_ops: ops and/or tensors; a tensor seeds its producer.
       inclusive: keep the seed ops in the result.
       within_ops: only visit these ops (seeds outside are dropped); None for
-        no restriction.
+        no restriction; empty: the seeds only (contrib's behaviour).
       within_ops_fn: only visit ops for which it returns True.
       stop_at_ts: tensors the walk does not follow.
       control_inputs: also follow control inputs.

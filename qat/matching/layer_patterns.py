@@ -14,15 +14,16 @@ LAYER_CHAIN, rooted at the tensor a batch norm reads (the "pre-BN" tensor)::
 
   The layer ops are Conv2D, MatMul and DepthwiseConv2dNative; weights and
   biases are "parameters": a ReadVariableOp (resource variable), an Identity
-  of a VariableV2 (ref variable, the `/read` op) or a Const, each optionally
-  behind one Identity. Whether a bias really is a per-channel vector is for
+  of a VariableV2 (ref variable, the `/read` op), a Const, or the ConcatV2
+  of such reads that a PartitionedVariable is read as, or a Cast of a read
+  (mixed precision), each optionally behind one Identity. Whether a bias really is a per-channel vector is for
   the pass to check (shapes are not part of the pattern).
 
 UNSCALED_WEIGHTS, the weights of a layer after a training fold
 (`qat.fold_batch_norms`), rooted at the op the layer reads as weights::
 
     Mul("unscale", w*s [quantized]: "scaled_weights",
-        [Reshape(] DivNoNan(Const 1, StopGradient(s)) [)])
+        [Reshape(] [Cast(] DivNoNan(Const 1, StopGradient(s)) [)] [)])
 
   `weight_input` returns "scaled_weights" for such a layer.
 
@@ -58,12 +59,37 @@ VARIABLE_READ_TYPES = ("ReadVariableOp",)
 REF_VARIABLE_TYPES = ("VariableV2", "Variable")
 
 
-def _parameter(name: str) -> OneofPattern:
-    """A weight or bias: a variable read or a constant, maybe behind Identity."""
-    direct = OneofPattern([
+def _direct_parameter() -> OneofPattern:
+    """A variable read or a constant."""
+    return OneofPattern([
         OpTypePattern("ReadVariableOp"),
         OpTypePattern("Identity", inputs=[OpTypePattern("|".join(REF_VARIABLE_TYPES))]),
         OpTypePattern("Const"),
+    ])
+
+
+# A PartitionedVariable (`get_variable(..., partitioner=...)`) is read as
+# ConcatV2(shard reads..., axis): up to this many shards are recognised.
+MAX_PARTITIONED_SHARDS = 16
+
+
+def _partitioned_parameter() -> OneofPattern:
+    """The value of a PartitionedVariable: ConcatV2 of 2.. shard reads."""
+    return OneofPattern([
+        OpTypePattern("ConcatV2", inputs=[_direct_parameter() for _ in range(shards)]
+                      + [OpTypePattern("Const")])
+        for shards in range(2, MAX_PARTITIONED_SHARDS + 1)])
+
+
+def _parameter(name: str) -> OneofPattern:
+    """A weight or bias: a variable read, a constant or a partitioned
+    variable's shards concatenated, maybe behind Identity."""
+    direct = OneofPattern([
+        _direct_parameter(),
+        _partitioned_parameter(),
+        # Mixed precision (tf_keras mixed_float16 / mixed_bfloat16): a float32
+        # variable read cast to the layer's float16 / bfloat16.
+        OpTypePattern("Cast", inputs=[_direct_parameter()]),
     ])
     return OneofPattern([direct, OpTypePattern("Identity", inputs=[direct])],
                         name=name)
@@ -98,10 +124,13 @@ LAYER_CHAIN = OneofPattern([
 # reshaped to the weight layout for depthwise and transpose_b MatMul weights.
 _INVERSE_SCALE = OpTypePattern("DivNoNan", inputs=[
     OpTypePattern("Const"), OpTypePattern("StopGradient")])
+# Mixed precision: 1/s is computed in float32 and cast to the layer's dtype.
+_LAYER_DTYPE_INVERSE_SCALE = OneofPattern([
+    OpTypePattern("Cast", inputs=[_INVERSE_SCALE]), _INVERSE_SCALE])
 UNSCALED_WEIGHTS = OpTypePattern("Mul", name="unscale", inputs=[
     OpTypePattern("*", name="scaled_weights"),
-    OneofPattern([OpTypePattern("Reshape", inputs=[_INVERSE_SCALE, "*"]),
-                  _INVERSE_SCALE])])
+    OneofPattern([OpTypePattern("Reshape", inputs=[_LAYER_DTYPE_INVERSE_SCALE, "*"]),
+                  _LAYER_DTYPE_INVERSE_SCALE])])
 _UNSCALED_WEIGHTS_MATCHER = GraphMatcher(UNSCALED_WEIGHTS)
 
 FUSED_BATCH_NORM = OpTypePattern(

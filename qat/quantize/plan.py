@@ -46,9 +46,9 @@ def _in_scope(op: tf.Operation, scope: Optional[str]) -> bool:
 
 
 def _is_float(t: tf.Tensor) -> bool:
-    # FakeQuant ops take float32 only; other tensors are left alone, and so
-    # are a fused batch norm's statistics outputs (only output 0 is data).
-    return t.dtype == tf.float32 and not (
+    # Floats FakeQuant can quantize (float16 / bfloat16 through float32);
+    # not a fused batch norm's statistics outputs (only output 0 is data).
+    return t.dtype.base_dtype in quantizer_batch.QUANTIZABLE_DTYPES and not (
         t.value_index and t.op.type in qp.BATCH_NORM_TYPES)
 
 

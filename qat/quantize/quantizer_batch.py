@@ -48,6 +48,11 @@ FAKE_QUANT_TYPES = frozenset(
 MIN_NUM_BITS = config_lib.MIN_BITS
 MAX_NUM_BITS = config_lib.MAX_BITS
 DEFAULT_VARS_COLLECTION = tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES
+# Mixed precision: tensors of these dtypes are cast to float32 for their
+# FakeQuant (`<prefix>/ToFloat32`) and back (`<prefix>/FromFloat32`); the
+# range variables are float32 as always.
+LOW_PRECISION_DTYPES = frozenset([tf.float16, tf.bfloat16])
+QUANTIZABLE_DTYPES = frozenset([tf.float32]) | LOW_PRECISION_DTYPES
 _FLOAT = tf.float32
 _INT32 = tf.int32
 _INT64 = tf.int64
@@ -129,10 +134,11 @@ class QuantizerSpec:
         validate_num_bits(self.num_bits)
         if not 0.0 <= float(self.ema_decay) <= 1.0:
             raise ValueError(f"ema_decay must be in [0, 1], got {self.ema_decay!r}.")
-        if self.inputs.dtype.base_dtype != tf.float32:
+        if self.inputs.dtype.base_dtype not in QUANTIZABLE_DTYPES:
             raise ValueError(
-                f"Cannot quantize '{self.inputs.name}': FakeQuant needs float32, "
-                f"got {self.inputs.dtype.name}.")
+                f"Cannot quantize '{self.inputs.name}': FakeQuant needs float32 "
+                f"(float16 and bfloat16 are cast to float32 and back), got "
+                f"{self.inputs.dtype.name}.")
         if self.per_channel:
             shape = (tf.TensorShape(self.channel_reshape)
                      if self.channel_reshape else self.inputs.shape)
@@ -270,6 +276,9 @@ class QuantizerBatch(object):
         if spec.vars_collection:
             collections.append(spec.vars_collection)
         x = input_ref or self._external(spec.inputs)
+        low_dtype = _low_precision_dtype(spec.inputs)
+        if low_dtype is not None:
+            x = self._cast(p + "/ToFloat32", x, low_dtype, _FLOAT)
         if spec.channel_reshape:
             shape_const = self._const(p + "/Reshape/shape",
                                       list(spec.channel_reshape), tf.int32)
@@ -290,7 +299,7 @@ class QuantizerBatch(object):
             hi = max_var + "/Read/ReadVariableOp"
         fq_type = ("FakeQuantWithMinMaxVarsPerChannel" if spec.per_channel
                    else "FakeQuantWithMinMaxVars")
-        last = not (spec.channel_reshape or spec.quant_delay)
+        last = not (spec.channel_reshape or spec.quant_delay or low_dtype)
         out = self._node(p + "/" + FAKE_QUANT_NAME, fq_type, [x, lo, hi],
                          num_bits=spec.num_bits,
                          narrow_range=bool(spec.narrow_range),
@@ -305,6 +314,9 @@ class QuantizerBatch(object):
                                spec.inputs.shape.as_list(), tf.int32)
             out = self._node(p + "/Reshape_1", "Reshape", [out, back],
                              T=_FLOAT, Tshape=_INT32,
+                             **_output_mark(not spec.quant_delay and low_dtype is None))
+        if low_dtype is not None:
+            out = self._cast(p + "/FromFloat32", out, _FLOAT, low_dtype,
                              **_output_mark(not spec.quant_delay))
         if spec.quant_delay:
             if step is None:
@@ -316,9 +328,14 @@ class QuantizerBatch(object):
             # chosen input; SelectV2 broadcasts and copies it.
             out = self._node(p + "/delayed_quant", "Select",
                              [active, out, input_ref or self._external(spec.inputs)],
-                             T=_FLOAT, **_output_mark(True), **gradient)
+                             T=spec.inputs.dtype.base_dtype, **_output_mark(True),
+                             **gradient)
         self._outputs.append(out + ":0")
         return len(self._outputs) - 1
+
+    def _cast(self, name: str, x: str, src: tf.DType, dst: tf.DType, **attrs) -> str:
+        """Mixed precision: FakeQuant runs in float32 between two casts."""
+        return self._node(name, "Cast", [x], SrcT=src, DstT=dst, Truncate=False, **attrs)
 
     def _updates(self, spec, p, x, rank, min_var, max_var, step):
         zero = self._shared_const("zero", 0.0, tf.float32)
@@ -447,6 +464,12 @@ class QuantizerBatch(object):
         self.finish()
         ops = rewrite_lib.apply(self._rewrite)
         return [self._nodes.tensor(ops, ref) for ref in self._outputs]
+
+
+def _low_precision_dtype(t: tf.Tensor) -> Optional[tf.DType]:
+    """float16 / bfloat16 for a tensor quantized in float32, else None."""
+    dtype = t.dtype.base_dtype
+    return dtype if dtype in LOW_PRECISION_DTYPES else None
 
 
 def _output_mark(is_output: bool) -> dict:

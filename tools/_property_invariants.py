@@ -1,0 +1,229 @@
+"""The invariants the property-based checks hold qat's rewrites to.
+
+`check_network(net)` builds a `tools._property_networks.Network` twice (eval
+and training mode), rewrites both and returns, for each invariant of
+`INVARIANTS`, None when it holds or a message saying how it was violated:
+
+* `rewrite_succeeds`: no rewrite raises.
+* `eval_fold_exact`: `fold_batch_norms(is_training=False)` leaves the output
+  equal to the unfolded network's within 1e-4 (|a - b| <= 1e-4 (1 + |a|)).
+* `all_folded`: the eval fold skips no batch norm (every one follows a layer).
+* `gradients_finite`: after `create_training_graph` every trainable
+  variable has a gradient and each is finite.
+* `idempotent_training` / `idempotent_eval`: a second `create_*_graph` call
+  leaves the GraphDef unchanged.
+* `weights_quantized`: each layer's weights reach the layers only through a
+  FakeQuant (training and eval graphs).
+* `no_raw_and_quantized`: no data tensor (one computed from the network
+  input) is read both by a FakeQuant and raw by an op outside that
+  quantizer's range computation (training and eval graphs).
+
+The checks are structural except the two that run a Session (one thread).
+"""
+import collections
+from typing import Dict, Iterable, List, Optional, Set
+
+import numpy as np
+import tensorflow as tf
+
+import qat
+from tools import _property_networks as networks
+
+INVARIANTS = (
+    "rewrite_succeeds",
+    "eval_fold_exact",
+    "all_folded",
+    "gradients_finite",
+    "idempotent_training",
+    "idempotent_eval",
+    "weights_quantized",
+    "no_raw_and_quantized",
+)
+TOLERANCE = 1e-4
+LAYER_TYPES = frozenset([
+    "Conv2D", "DepthwiseConv2dNative", "MatMul", "BatchMatMulV2",
+    "Conv2DBackpropInput", "Conv3D"])
+
+
+def _is_fake_quant(op: tf.Operation) -> bool:
+    return op.type.startswith("FakeQuantWithMinMax")
+
+
+def _session(graph: tf.Graph) -> tf.compat.v1.Session:
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                      inter_op_parallelism_threads=1)
+    return tf.compat.v1.Session(graph=graph, config=config)
+
+
+def _graph_def_bytes(graph: tf.Graph) -> bytes:
+    return graph.as_graph_def().SerializeToString(deterministic=True)
+
+
+def _graph_def_change(before: bytes, graph: tf.Graph) -> Optional[str]:
+    """None if the graph still serialises to `before`, else what changed."""
+    if _graph_def_bytes(graph) == before:
+        return None
+    old = tf.compat.v1.GraphDef.FromString(before)
+    old_nodes = {n.name: n for n in old.node}
+    added = [n.name for n in graph.as_graph_def().node if n.name not in old_nodes]
+    changed = [n.name for n in graph.as_graph_def().node
+               if n.name in old_nodes and n != old_nodes[n.name]]
+    return (f"second call added {len(added)} ops {added[:4]} and changed "
+            f"{len(changed)} {changed[:4]}")
+
+
+def weights_violations(graph: tf.Graph, kernels: Iterable[tf.Operation]) -> List[str]:
+    """Weights that reach a layer op without a FakeQuant, or no FakeQuant."""
+    problems = []
+    for kernel in kernels:
+        seen: Set[tf.Operation] = set()
+        queue = collections.deque([kernel])
+        quantized = False
+        while queue:
+            op = queue.popleft()
+            for t in op.outputs:
+                for c in t.consumers():
+                    if c in seen:
+                        continue
+                    seen.add(c)
+                    if _is_fake_quant(c):
+                        quantized = True
+                        continue
+                    if c.type in LAYER_TYPES:
+                        problems.append(f"{kernel.name} reaches {c.name} unquantized")
+                        continue
+                    queue.append(c)
+        if not quantized:
+            problems.append(f"{kernel.name} reaches no FakeQuant")
+    return problems
+
+
+def _forward_ops(seed: tf.Operation) -> Set[tf.Operation]:
+    seen = {seed}
+    queue = collections.deque([seed])
+    while queue:
+        for t in queue.popleft().outputs:
+            for c in t.consumers():
+                if c not in seen:
+                    seen.add(c)
+                    queue.append(c)
+    return seen
+
+
+def _range_ops(fake_quant: tf.Operation, data: tf.Tensor) -> Set[tf.Operation]:
+    """The ops between `data` and the FakeQuant (its range computation)."""
+    seen = {fake_quant}
+    queue = collections.deque([fake_quant])
+    while queue:
+        op = queue.popleft()
+        upstream = [t.op for t in op.inputs if t is not data] + list(op.control_inputs)
+        for u in upstream:
+            if u not in seen:
+                seen.add(u)
+                queue.append(u)
+    return seen
+
+
+def raw_and_quantized_violations(graph: tf.Graph, input_tensor: tf.Tensor) -> List[str]:
+    """Data tensors read by a FakeQuant and raw by an op outside its range."""
+    data_ops = _forward_ops(input_tensor.op)
+    problems = []
+    for fq in graph.get_operations():
+        if not _is_fake_quant(fq) or fq.inputs[0].op not in data_ops:
+            continue
+        data = fq.inputs[0]
+        raw = [c for c in data.consumers() if not _is_fake_quant(c)]
+        if not raw:
+            continue
+        allowed = _range_ops(fq, data)
+        for c in raw:
+            if c not in allowed:
+                problems.append(f"{data.name} is read quantized by {fq.name} and raw "
+                                f"by {c.name} ({c.type})")
+    return problems
+
+
+def _structural(results, suffix, built) -> None:
+    problems = weights_violations(built.graph, built.kernels)
+    if problems:
+        results["weights_quantized"] = f"{suffix}: " + "; ".join(problems)
+    problems = raw_and_quantized_violations(built.graph, built.input)
+    if problems and results.get("no_raw_and_quantized") is None:
+        results["no_raw_and_quantized"] = f"{suffix}: " + "; ".join(problems)
+
+
+def _check_eval(net, results, seed) -> None:
+    built = networks.build(net, training=False, seed=seed)
+    g = built.graph
+    feed = {built.input: networks.inputs(net, seed)}
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with _session(g) as sess:
+        sess.run(init)
+        reference = sess.run(built.output, feed)
+        fold = qat.fold_batch_norms(g, is_training=False)
+        folded = sess.run(built.output, feed)
+    if fold.skipped:
+        results["all_folded"] = "; ".join(f"{s}" for s in fold.skipped)
+    if reference.shape != folded.shape:
+        results["eval_fold_exact"] = f"shape {reference.shape} -> {folded.shape}"
+    else:
+        error = np.abs(reference - folded) - TOLERANCE * (1 + np.abs(reference))
+        if np.max(error) > 0 or not np.all(np.isfinite(folded)):
+            results["eval_fold_exact"] = (
+                f"max |unfolded - folded| = {np.max(np.abs(reference - folded)):.3g} "
+                f"(max |unfolded| {np.max(np.abs(reference)):.3g})")
+    qat.create_eval_graph(g)
+    _structural(results, "eval", built)
+    before = _graph_def_bytes(g)
+    qat.create_eval_graph(g)
+    results["idempotent_eval"] = _graph_def_change(before, g)
+
+
+def _check_training(net, results, seed) -> None:
+    built = networks.build(net, training=True, seed=seed)
+    g = built.graph
+    qat.create_training_graph(g)
+    _structural(results, "training", built)
+    before = _graph_def_bytes(g)
+    qat.create_training_graph(g)
+    results["idempotent_training"] = _graph_def_change(before, g)
+    with g.as_default():
+        variables = tf.compat.v1.trainable_variables()
+        grads = tf.gradients(built.loss, variables)
+        missing = [v.op.name for v, d in zip(variables, grads) if d is None]
+        if missing:
+            results["gradients_finite"] = f"no gradient for {missing}"
+            return
+        init = tf.compat.v1.global_variables_initializer()
+    with _session(g) as sess:
+        sess.run(init)
+        values = sess.run(grads, {built.input: networks.inputs(net, seed)})
+    bad = [v.op.name for v, d in zip(variables, values) if not np.all(np.isfinite(d))]
+    if bad:
+        results["gradients_finite"] = f"non-finite gradient for {bad}"
+
+
+def check_network(net: "networks.Network", seed: int = 0) -> Dict[str, Optional[str]]:
+    """Checks every invariant on `net`.
+
+    Args:
+      net: the network to build.
+      seed: graph-level random seed and input seed.
+
+    Returns:
+      {invariant: None if it holds, else a message}, for every INVARIANTS name.
+    """
+    results: Dict[str, Optional[str]] = {name: None for name in INVARIANTS}
+    for check in (_check_eval, _check_training):
+        try:
+            check(net, results, seed)
+        except Exception as e:  # pylint: disable=broad-except
+            results["rewrite_succeeds"] = (
+                f"{check.__name__[7:]}: {type(e).__name__}: {e}"[:400])
+    return results
+
+
+def violations(net: "networks.Network", seed: int = 0) -> Dict[str, str]:
+    """The violated invariants only."""
+    return {k: v for k, v in check_network(net, seed).items() if v is not None}
