@@ -72,6 +72,17 @@ class ControlFlowTest(absltest.TestCase):
             self.assertIn(f.call_op, message)
             self.assertIn("disable_control_flow_v2", message)
 
+    def test_quantize_pass_names_the_layers_it_leaves_float(self):
+        g = tf.Graph()
+        _cond_model(g)
+        with self.assertLogs(level="WARNING") as logs:
+            result = qat.insert_quant_ops(g, is_training=False)
+        left = {item.name.rpartition("/")[2]: item.reason for item in result.left_float}
+        self.assertIn("conv_a", left)
+        self.assertIn("conv_b", left)
+        self.assertIn("disable_control_flow_v2", left["conv_a"])
+        self.assertTrue(any("conv_a" in line for line in logs.output))
+
     def test_nested_function_calls_are_followed(self):
         g = tf.Graph()
         with g.as_default():

@@ -101,6 +101,8 @@ def find_function_layers(graph: tf.Graph,
       reached twice through one call (both branches calling one function)
       once. Empty when the graph calls no function.
     """
+    if not graph._functions:  # pylint: disable=protected-access
+        return []  # No function to look into: skip serializing the graph.
     library_defs = graph.as_graph_def().library.function
     if not library_defs:
         return []

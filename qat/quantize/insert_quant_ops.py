@@ -60,6 +60,7 @@ from qat.engine import placement as placement_lib
 from qat.engine import preconditions
 from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
+from qat.quantize import control_flow
 from qat.quantize import quantizer_batch
 from qat.quantize import standalone_batch_norm
 from qat.quantize.plan import Plan
@@ -112,6 +113,10 @@ class QuantizeResult:
     def names(self) -> List[str]:
         """The quantizers' name scopes."""
         return [q.name for q in self.quantizers]
+
+
+def _in_scope_name(name: str, scope: Optional[str]) -> bool:
+    return not scope or name.startswith(scope)
 
 
 def _kind(prefix: str) -> str:
@@ -225,6 +230,11 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     plans = planner.run()
     left_float = [LeftFloat(name, reason)
                   for name, reason in getattr(planner, "left_float", [])]
+    # Layers inside functional control flow (If / While bodies, functions
+    # called from the graph) are not rewritten: each is named.
+    left_float += [LeftFloat(f"{layer.function}/{layer.layer}", layer.describe())
+                   for layer in control_flow.find_function_layers(graph)
+                   if _in_scope_name(layer.call_op, config.scope)]
     rewrite = rewrite_lib.Rewrite(graph, marks.QUANTIZER)
     batch = quantizer_batch.QuantizerBatch(rewrite)
     # Training graphs count steps: delays, and ranges that start from the
