@@ -1,4 +1,4 @@
-"""Folds batch norms into the Conv2D / MatMul / DepthwiseConv2dNative before them.
+"""Folds batch norms into the layer before them (conv, depthwise, dense, transposed conv).
 
 `fold_batch_norms(graph, is_training, freeze_batch_norm_delay=None)` finds each
 batch norm by structure (`qat.matching.batch_norm`, `qat.matching.layer_patterns.LAYER_CHAIN`),
@@ -10,7 +10,10 @@ whatever its op names or scopes, and rewrites it in place. With
 the layer op itself is kept (its name too) and reads the folded weights
 `w * s` (`<ctx>/mul_fold`, the tensor the quantize pass quantizes as
 `weights_quant`; depthwise weights are scaled in their [1, 1, in, mult]
-layout, MatMul weights per column, or per row with transpose_b). `<ctx>` is
+layout, MatMul weights per column, or per row with transpose_b, transposed
+conv weights [h, w, out, in] along axis 2; a Conv1D's Conv2D reads its
+expanded weights and its Squeeze is rebuilt after BiasAdd_Fold as
+"<ctx>/Squeeze_Fold"). `<ctx>` is
 the layer op's name scope. 1/s is `divide_no_nan(1, stop_gradient(s))`
 ("<ctx>/scale_fold/inverse"): 0 where s == 0 (gamma == 0), so no NaN.
 
@@ -301,7 +304,9 @@ def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optiona
                              T=tf.int32, Index=tf.int32, end_mask=1)
             return node(prefix + "Reshape", "Reshape", [vector, shape], T=dtype,
                         Tshape=tf.int32)
-        if layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
+        if ((layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"))
+                or layer_op.type in layer_patterns.TRANSPOSED_CONV_TYPES):
+            # Output channels on axis 0 of [out, in], axis 2 of [h, w, out, in].
             return node(prefix + "Reshape", "Reshape",
                         [vector, shared("shape", [-1, 1], tf.int32)], T=dtype,
                         Tshape=tf.int32)
@@ -351,9 +356,13 @@ def _emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optiona
                                     [folded_input, emitted.b_fold], T=dtype,
                                     data_format="NCHW" if plan.channels_first else "NHWC")
             emitted.folded = emitted.bias_add
+            if plan.squeeze is not None:
+                emitted.folded = node(prefix + "Squeeze_Fold", "Squeeze",
+                                      [emitted.bias_add], T=dtype,
+                                      squeeze_dims=plan.squeeze.get_attr("squeeze_dims"))
             if plan.reshape is not None:
                 emitted.folded = node(prefix + "Reshape_Fold", "Reshape",
-                                      [emitted.bias_add, ext(plan.reshape.inputs[1])],
+                                      [emitted.folded, ext(plan.reshape.inputs[1])],
                                       T=dtype, Tshape=plan.reshape.inputs[1].dtype)
     if not plan.training:
         # Keep the original batch norm (and its moving-average updates) fed
@@ -403,6 +412,9 @@ def _finish(plan: fold_plan.FoldPlan, emitted: _Emitted, batch: node_batch.NodeB
             out = tf.nn.bias_add(out, b_fold,
                                  data_format="NCHW" if plan.channels_first else None,
                                  name="BiasAdd_Fold")
+            if plan.squeeze is not None:
+                out = tf.squeeze(out, plan.squeeze.get_attr("squeeze_dims"),
+                                 name="Squeeze_Fold")
             if plan.reshape is not None:
                 out = tf.reshape(out, plan.reshape.inputs[1], name="Reshape_Fold")
             return out
