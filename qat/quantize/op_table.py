@@ -55,6 +55,8 @@ RANGE_NAMES = {
 DEFAULT_RANGE_NAME = "act_quant"
 
 FUSABLE_ACTIVATION_TYPES = frozenset(["Relu", "Relu6"])
+# Activations: an add reading one is named post_activation_bypass_quant.
+ACTIVATION_TYPES = frozenset(["Relu", "Relu6", "LeakyRelu"])
 
 # Producers TFLite fuses a RELU / RELU6 into (besides layers).
 FUSING_TYPES = frozenset(["Add", "AddV2", "Sub", "BiasAdd"])

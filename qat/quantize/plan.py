@@ -135,7 +135,8 @@ class Planner(plan_graph.GraphView):
             if op in self.looked_through:
                 t = self.looked_through[op]
                 continue
-            if (op.type not in op_table.SAME_SCALE_TYPES or op in self.tail_ops
+            if (op.type not in op_table.SAME_SCALE_TYPES
+                    or (op in self.tail_ops and op.type != "Identity")
                     or op not in self.data_ops):
                 return t
             index = op_table.same_scale_input(op, t.value_index)
@@ -183,18 +184,18 @@ class Planner(plan_graph.GraphView):
                 seen.add(c)
                 if c in self.looked_through:
                     stack.append(c.outputs[0])
-                elif c.type == "Identity" and c not in self.tail_ops:
+                elif c.type == "Identity":
                     stack.append(c.outputs[0])
                 else:
                     found.append(c)
         return found
 
     def _plan_output(self, out: tf.Tensor, ctx: str, kind: str,
-                     init_min: float, exclude=(), extra=(),
+                     init_min: float, exclude=(),
                      allow_unused: bool = True, fusable: bool = True) -> None:
         """A range on `out`, or after the activation that is its sole reader."""
         readers = self._final_readers(out, exclude)
-        if (fusable and len(readers) == 1 and not extra
+        if (fusable and len(readers) == 1
                 and readers[0].type in op_table.FUSABLE_ACTIVATION_TYPES
                 and self._in_scope(readers[0])):
             act = readers[0]
@@ -203,7 +204,7 @@ class Planner(plan_graph.GraphView):
             self._plan(act_out, ctx, "act_quant", 0.0, self.consumers(act_out),
                        allow_unused=True)
             return
-        consumers = self.consumers(out, exclude) + list(extra)
+        consumers = self.consumers(out, exclude)
         self._plan(out, ctx, kind, init_min, consumers,
                    allow_unused=allow_unused)
 
@@ -250,12 +251,6 @@ class Planner(plan_graph.GraphView):
                 if c.type in qp.RESIDUAL_ADD_TYPES and len(c.inputs) == 2
                 and all(self.is_data(i) for i in c.inputs)]
 
-    def _fetched_identities(self, t: tf.Tensor, tail) -> List[tf.Operation]:
-        """Tail Identity ops reading `t` whose output only the user fetches."""
-        return [c for c in t.consumers()
-                if c.type == "Identity" and c in tail
-                and not self.consumers(c.outputs[0])]
-
     def visit_layer(self, layer: tf.Operation) -> None:
         if not self._in_scope(layer):
             self._leave(layer.name, "outside scope %r" % self.scope)
@@ -265,23 +260,20 @@ class Planner(plan_graph.GraphView):
         if out is None:
             return
         ctx = _context(layer)
-        if (out.op.type == "Identity" and out.op in tail
-                and not self.consumers(out)):
-            # `tf.identity(logits, name="output")`: the model output the user
-            # fetches. The range goes on the Identity's input and the
-            # Identity reads it: same values, under the user's name.
-            t = out.op.inputs[0]
-            consumers = [c for c in self.consumers(t)
-                         if c is out.op or c not in tail]
-            self._plan(t, ctx, "act_quant", -6.0, consumers)
-            return
-        kind = "conv_quant" if self._residual_adds(out, tail) else "act_quant"
+        # An Identity ending the tail (`tf.identity(logits, name="output")`,
+        # tf.cond's output) reads the range: the model output the user
+        # fetches or exports under that name is then the quantized value.
+        exclude = set(tail)
+        while out.op.type == "Identity" and out.op in tail and out.op is not layer:
+            exclude.discard(out.op)
+            out = out.op.inputs[0]
+        kind = ("conv_quant" if self._residual_adds(out, exclude)
+                else "act_quant")
         # TFLite fuses an activation into the layer op only when nothing
         # reshapes in between (a Conv1D's Squeeze, a Reshape before a batch
         # norm): then the eval graph's layer output is the reshaped one.
         fusable = out.shape.rank == layer.outputs[0].shape.rank
-        self._plan_output(out, ctx, kind, -6.0, exclude=tail,
-                          extra=self._fetched_identities(out, tail),
+        self._plan_output(out, ctx, kind, -6.0, exclude=exclude,
                           fusable=fusable)
 
     # --- Other ops ----------------------------------------------------------
@@ -289,8 +281,15 @@ class Planner(plan_graph.GraphView):
     def _add_kind(self, op: tf.Operation) -> str:
         if op.type in qp.RESIDUAL_ADD_TYPES and len(op.inputs) == 2:
             for i in op.inputs:
-                src = i.op.inputs[0].op if is_quantized_output(i) else i.op
-                if src.type in op_table.FUSABLE_ACTIVATION_TYPES:
+                # Back through what TFLite drops: quantizers, Identity, dropout.
+                for _ in range(100):
+                    if i.op in self.looked_through:
+                        i = self.looked_through[i.op]
+                    elif i.op.type == "Identity" or is_quantized_output(i):
+                        i = i.op.inputs[0]
+                    else:
+                        break
+                if i.op.type in op_table.ACTIVATION_TYPES:
                     return "post_activation_bypass_quant"
         return op_table.RANGE_NAMES.get(op.type, op_table.DEFAULT_RANGE_NAME)
 
