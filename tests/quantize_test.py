@@ -132,12 +132,17 @@ class InsertQuantOpsTest(absltest.TestCase):
             tf.identity(out, name="out")
             qat.insert_quant_ops(g, is_training=True)
         fqs = _fake_quants(g)
+        # A scalar multiply after a layer is an integer MUL of its own (in
+        # the layer's tail the converter would fold it into the quantized
+        # weights): the conv output and the product each get a range.
         self.assertEqual(set(fqs), {"block/conv/weights_quant",
-                                    "block/conv/conv_quant", "block/act_quant",
+                                    "block/conv/act_quant",
+                                    "block/conv/mul_quant", "block/act_quant",
                                     "x/input_quant"})
-        self.assertIs(fqs["block/conv/conv_quant"].inputs[0], scaled)
+        self.assertIs(scaled.op.inputs[0], fqs["block/conv/act_quant"].outputs[0])
+        self.assertIs(fqs["block/conv/mul_quant"].inputs[0], scaled)
         add = g.get_operation_by_name("block/add")
-        self.assertIs(add.inputs[1], fqs["block/conv/conv_quant"].outputs[0])
+        self.assertIs(add.inputs[1], fqs["block/conv/mul_quant"].outputs[0])
         self.assertIs(add.inputs[0], fqs["x/input_quant"].outputs[0])
 
     def test_unconsumed_model_output_gets_a_range(self):

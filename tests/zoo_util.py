@@ -121,7 +121,9 @@ CASES: Dict[str, Case] = {
     "densenet121": Case(_app(_APPS.DenseNet121), (32, 32, 3)),
     "efficientnet_b0": Case(_app(_APPS.EfficientNetB0), (32, 32, 3),
                             (0.0, 255.0)),
-    "conv_transpose_decoder": Case(_decoder, (16, 16, 3)),
+    # Activations must span more than one step of the initial [-6, 6] range
+    # after two steps, or the quantized decoder outputs a constant.
+    "conv_transpose_decoder": Case(_decoder, (16, 16, 3), (0.0, 255.0)),
     "conv1d": Case(_conv1d, (4, 8, 3)),
     "conv_leaky_relu": Case(_leaky, (8, 8, 3)),
     "dense_tanh_sigmoid": Case(_dense_tanh_sigmoid, (8, 8, 3)),
