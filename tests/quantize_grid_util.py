@@ -257,11 +257,12 @@ class GridChecks(object):
             conv_fq = check(ctx + "/conv_quant", layer_out, [add])
             if layer_out is None:
                 self.assertEqual(conv_fq.inputs[0].op.type, "BiasAdd")
-            self.assertIs(act.inputs[0], add.outputs[0])
             if fused:
+                self.assertIs(act.inputs[0], add.outputs[0])
                 check(bypass_ctx + "/act_quant", act.outputs[0], [consumer])
             else:
-                check(bypass_ctx + "/add_quant", add.outputs[0], [act])
+                add_fq = check(bypass_ctx + "/add_quant", add.outputs[0], [act])
+                self.assertIs(act.inputs[0], _output(add_fq))
                 if own:
                     check(bypass_ctx + act_kind, act.outputs[0], [consumer])
         else:
