@@ -263,9 +263,8 @@ class Planner(plan_graph.GraphView):
         # An Identity ending the tail (`tf.identity(logits, name="output")`,
         # tf.cond's output) reads the range: the model output the user
         # fetches or exports under that name is then the quantized value.
-        exclude = set(tail)
+        exclude = {op for op in tail if op.type != "Identity"}
         while out.op.type == "Identity" and out.op in tail and out.op is not layer:
-            exclude.discard(out.op)
             out = out.op.inputs[0]
         kind = ("conv_quant" if self._residual_adds(out, exclude)
                 else "act_quant")
