@@ -138,6 +138,10 @@ def hard_swish_ops(op: tf.Operation) -> Optional[List[tf.Operation]]:
     """
     if op.type not in ("Mul", "RealDiv", "Div"):
         return None
+    # Cheap pre-check: a Relu6 one or two ops up.
+    if not any(i.op.type == "Relu6" or any(
+            j.op.type == "Relu6" for j in i.op.inputs) for i in op.inputs):
+        return None
     match = _HARD_SWISH_MATCHER.match_op(op)
     if match is None:
         return None

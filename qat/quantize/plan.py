@@ -359,8 +359,9 @@ class Planner(plan_graph.GraphView):
         if not self._in_scope(op) or not op.outputs:
             return
         if (op.type in qp.BATCH_NORM_TYPES
-                or standalone_batch_norm.is_batch_norm_cond(
-                    op, self.function_library())):
+                or (op.type in op_table.FUNCTIONAL_TYPES
+                    and standalone_batch_norm.is_batch_norm_cond(
+                        op, self.function_library()))):
             self.plan_standalone_batch_norm(op)
         elif op in self.hard_swishes:
             self.visit_hard_swish(op, self.hard_swishes_x[op])
