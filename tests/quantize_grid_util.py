@@ -147,13 +147,32 @@ class GridChecks(object):
                   if op.type == "FakeQuantWithMinMaxVars"}
         expected = {ctx + "/weights_quant", "input/input_quant"}
         act, add, consumer = t["act"], t.get("add"), t["consumer"]
+        # TFLite fuses Relu / Relu6 into the op before them: one range after
+        # the activation. LeakyRelu is an op of its own (a range before and
+        # after it); Identity disappears (the range is before it).
+        fused = activation in ("Relu", "Relu6")
+        own = activation == "LeakyRelu"
+        act_kind = "/leaky_relu_quant" if own else "/act_quant"
         if residual == "none":
             expected.add(ctx + "/act_quant")
+            if own:
+                expected.add(ctx + act_kind)
         elif residual == "pre":
-            expected |= {ctx + "/conv_quant", bypass_ctx + "/act_quant"}
+            expected.add(ctx + "/conv_quant")
+            if fused:
+                expected.add(bypass_ctx + "/act_quant")
+            else:
+                expected.add(bypass_ctx + "/add_quant")
+                if own:
+                    expected.add(bypass_ctx + act_kind)
         else:
-            expected |= {ctx + "/act_quant",
-                         bypass_ctx + "/post_activation_bypass_quant"}
+            if activation == "Identity":
+                expected |= {ctx + "/conv_quant", bypass_ctx + "/add_quant"}
+            else:
+                expected |= {ctx + "/act_quant",
+                             bypass_ctx + "/post_activation_bypass_quant"}
+                if own:
+                    expected.add(ctx + act_kind)
         self.assertEqual(set(fq_ops), expected)
 
         def check(prefix, input_tensor, consumers, narrow=False):
@@ -220,24 +239,46 @@ class GridChecks(object):
             self.assertIs(layer_patterns.weight_input(layer_op), _output(w_fq))
         input_consumers = [first_op] + ([add] if residual != "none" else [])
         check("input/input_quant", x, input_consumers)
-        if residual == "none":
-            check(ctx + "/act_quant", act.outputs[0], [consumer])
-        elif residual == "pre":
-            conv_fq = check(ctx + "/conv_quant", None, [add])
-            if training and batch_norm != "none":
-                # The fold's training tail without a freeze delay ends in
-                # the original batch norm.
-                self.assertIs(conv_fq.inputs[0], t["bn_output"])
-            else:
-                self.assertEqual(conv_fq.inputs[0].op.type, "BiasAdd")
-            self.assertIs(act.inputs[0], add.outputs[0])
-            check(bypass_ctx + "/act_quant", act.outputs[0], [consumer])
+        if training and batch_norm != "none":
+            # The fold's training tail without a freeze delay ends in the
+            # original batch norm.
+            layer_out = t["bn_output"]
         else:
-            check(ctx + "/act_quant", act.outputs[0], [add])
-            check(bypass_ctx + "/post_activation_bypass_quant",
-                  add.outputs[0], [consumer])
-        # Layer output reaches the activation without a FakeQuant in between.
-        if residual != "pre":
+            layer_out = None  # the folded BiasAdd
+        if residual == "none":
+            if fused:
+                check(ctx + "/act_quant", act.outputs[0], [consumer])
+            else:
+                fq = check(ctx + "/act_quant", layer_out, [act])
+                self.assertIs(act.inputs[0], _output(fq))
+                if own:
+                    check(ctx + act_kind, act.outputs[0], [consumer])
+        elif residual == "pre":
+            conv_fq = check(ctx + "/conv_quant", layer_out, [add])
+            if layer_out is None:
+                self.assertEqual(conv_fq.inputs[0].op.type, "BiasAdd")
+            if fused:
+                self.assertIs(act.inputs[0], add.outputs[0])
+                check(bypass_ctx + "/act_quant", act.outputs[0], [consumer])
+            else:
+                add_fq = check(bypass_ctx + "/add_quant", add.outputs[0], [act])
+                self.assertIs(act.inputs[0], _output(add_fq))
+                if own:
+                    check(bypass_ctx + act_kind, act.outputs[0], [consumer])
+        else:
+            if activation == "Identity":
+                check(ctx + "/conv_quant", layer_out, [act])
+                check(bypass_ctx + "/add_quant", add.outputs[0], [consumer])
+            else:
+                if fused:
+                    check(ctx + "/act_quant", act.outputs[0], [add])
+                else:
+                    check(ctx + "/act_quant", layer_out, [act])
+                    check(ctx + act_kind, act.outputs[0], [add])
+                check(bypass_ctx + "/post_activation_bypass_quant",
+                      add.outputs[0], [consumer])
+        # A fused activation reads the layer output without a FakeQuant.
+        if residual != "pre" and fused:
             self.assertFalse(quantize.is_quantized_output(act.inputs[0]))
         # Idempotent.
         before = g.as_graph_def()

@@ -223,7 +223,9 @@ class IdentityOutputTest(absltest.TestCase):
                           "conv1/act_quant", "logits/weights_quant",
                           "logits/act_quant"})
 
-    def test_identity_with_consumer_keeps_contrib_place(self):
+    def test_identity_with_consumer_reads_act_quant(self):
+        # Identity is no activation (TFLite drops it): the range goes before
+        # it, and what reads the Identity reads the quantized value.
         g = tf.Graph()
         with g.as_default():
             x = tf1.placeholder(tf.float32, [None, 6, 6, 2], name="x")
@@ -231,8 +233,9 @@ class IdentityOutputTest(absltest.TestCase):
             probs = tf.nn.softmax(out, name="probs")
             qat.experimental_create_eval_graph(g)
         fq = _fake_quants(g)["logits/act_quant"]
-        self.assertIs(fq.inputs[0], out)
-        self.assertIs(probs.op.inputs[0], fq.outputs[0])
+        self.assertEqual(fq.inputs[0].op.name, "logits/BiasAdd")
+        self.assertIs(out.op.inputs[0], fq.outputs[0])
+        self.assertIs(probs.op.inputs[0], out)
 
     def test_identity_beside_the_loss_reads_act_quant(self):
         g = tf.Graph()

@@ -84,9 +84,13 @@ class InsertQuantOpsTest(absltest.TestCase):
         fqs = _fake_quants(g)
         self.assertEqual(set(fqs), {
             "a/weights_quant", "b/weights_quant", "fc/weights_quant",
-            "a/act_quant", "b/act_quant", "cat/concat_quant",
-            "pool/mean_quant", "fc/act_quant", "x/input_quant"})
-        self.assertEqual(fqs["b/act_quant"].inputs[0].op.type, "LeakyRelu")
+            "a/act_quant", "b/act_quant", "b/leaky_relu_quant",
+            "cat/concat_quant", "pool/mean_quant", "fc/act_quant",
+            "x/input_quant"})
+        # TFLite does not fuse LEAKY_RELU into the conv: both get a range.
+        self.assertEqual(fqs["b/act_quant"].inputs[0].op.type, "BiasAdd")
+        self.assertEqual(fqs["b/leaky_relu_quant"].inputs[0].op.type,
+                         "LeakyRelu")
         concat = g.get_operation_by_name("cat/concat")
         self.assertIs(concat.inputs[0], fqs["a/act_quant"].outputs[0])
         self.assertIs(g.get_operation_by_name("pool/Mean").inputs[0],
@@ -108,12 +112,14 @@ class InsertQuantOpsTest(absltest.TestCase):
             qat.insert_quant_ops(g, is_training=True)
         fqs = _fake_quants(g)
         self.assertEqual(set(fqs), {"up/weights_quant", "up/act_quant",
+                                    "up/leaky_relu_quant",
                                     "next/weights_quant", "next/act_quant",
                                     "x/input_quant"})
         transposed = g.get_operation_by_name("up/conv2d_transpose")
         self.assertIs(transposed.inputs[1], fqs["up/weights_quant"].outputs[0])
         self.assertIs(transposed.inputs[2], fqs["x/input_quant"].outputs[0])
-        self.assertEqual(fqs["up/act_quant"].inputs[0].op.type, "LeakyRelu")
+        self.assertEqual(fqs["up/leaky_relu_quant"].inputs[0].op.type,
+                         "LeakyRelu")
 
     def test_scaled_residual(self):
         g = tf.Graph()
@@ -126,12 +132,17 @@ class InsertQuantOpsTest(absltest.TestCase):
             tf.identity(out, name="out")
             qat.insert_quant_ops(g, is_training=True)
         fqs = _fake_quants(g)
+        # A scalar multiply after a layer is an integer MUL of its own (in
+        # the layer's tail the converter would fold it into the quantized
+        # weights): the conv output and the product each get a range.
         self.assertEqual(set(fqs), {"block/conv/weights_quant",
-                                    "block/conv/conv_quant", "block/act_quant",
+                                    "block/conv/act_quant",
+                                    "block/conv/mul_quant", "block/act_quant",
                                     "x/input_quant"})
-        self.assertIs(fqs["block/conv/conv_quant"].inputs[0], scaled)
+        self.assertIs(scaled.op.inputs[0], fqs["block/conv/act_quant"].outputs[0])
+        self.assertIs(fqs["block/conv/mul_quant"].inputs[0], scaled)
         add = g.get_operation_by_name("block/add")
-        self.assertIs(add.inputs[1], fqs["block/conv/conv_quant"].outputs[0])
+        self.assertIs(add.inputs[1], fqs["block/conv/mul_quant"].outputs[0])
         self.assertIs(add.inputs[0], fqs["x/input_quant"].outputs[0])
 
     def test_unconsumed_model_output_gets_a_range(self):

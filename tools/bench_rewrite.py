@@ -1,9 +1,12 @@
 """Times the qat rewrite: Keras models and generated networks of growing size.
 
-(1) create_training_graph on tf_keras MobileNetV2 (96x96) and ResNet50
-    (64x64), weights=None, graph mode (target: <= 0.3 s each); a second fresh
-    graph is rewritten step by step to split the time into fold_batch_norms
-    and insert_quant_ops.
+(1) create_training_graph on the tf_keras applications of the zoo test
+    (tests/zoo_test.py): MobileNet, MobileNetV2, MobileNetV3Small/Large,
+    ResNet50, ResNet50V2, InceptionV3, DenseNet121, EfficientNetB0,
+    weights=None, graph mode (target: <= 0.3 s each); a second fresh graph
+    is rewritten step by step to split the time into fold_batch_norms and
+    insert_quant_ops. The zoo's hand-built blocks have a few dozen ops and
+    are not timed.
 (2) The same rewrite on generated networks of about 3k, 30k and 300k ops
     (residual blocks conv -> batch norm -> ReLU6 -> conv -> batch norm -> add
     -> ReLU, resource variables, training mode, replicated from one template
@@ -28,28 +31,36 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("models", ["mobilenet_v2", "resnet50"],
-                  "Keras models: mobilenet_v2 (96x96), resnet50 (64x64).")
+# Input sizes: the rewrite time depends on the op count, not on the size.
+_SIZES = {"mobilenet": 96, "mobilenet_v2": 96, "mobilenet_v3_small": 96,
+          "mobilenet_v3_large": 96, "resnet50": 64, "resnet50_v2": 64,
+          "inception_v3": 75, "densenet121": 64, "efficientnet_b0": 64}
+_CONSTRUCTORS = {"mobilenet": "MobileNet", "mobilenet_v2": "MobileNetV2",
+                 "mobilenet_v3_small": "MobileNetV3Small",
+                 "mobilenet_v3_large": "MobileNetV3Large",
+                 "resnet50": "ResNet50", "resnet50_v2": "ResNet50V2",
+                 "inception_v3": "InceptionV3", "densenet121": "DenseNet121",
+                 "efficientnet_b0": "EfficientNetB0"}
+flags.DEFINE_list("models", list(_SIZES),
+                  "Keras models: " + ", ".join(
+                      "%s (%dx%d)" % (k, v, v) for k, v in _SIZES.items()))
 flags.DEFINE_integer("repeats", 3, "Fresh Keras graphs rewritten per model "
                      "(median reported).")
 flags.DEFINE_list("sizes", ["3000", "30000", "300000"],
                   "Approximate op counts of the generated networks.")
 
-_SIZES = {"mobilenet_v2": 96, "resnet50": 64}
-
-
 def _keras_graph(name):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tf_keras  # pylint: disable=g-import-not-at-top
-    constructors = {"mobilenet_v2": tf_keras.applications.MobileNetV2,
-                    "resnet50": tf_keras.applications.ResNet50}
+    constructor = getattr(tf_keras.applications, _CONSTRUCTORS[name])
     g = tf.Graph()
     with g.as_default():
         tf_keras.backend.set_learning_phase(1)
         size = _SIZES[name]
         x = tf.compat.v1.placeholder(tf.float32, [None, size, size, 3],
                                      name="input")
-        constructors[name](input_tensor=x, weights=None)
+        # keras.Input(tensor=x): MobileNetV3 refuses a plain tensor.
+        constructor(input_tensor=tf_keras.Input(tensor=x), weights=None)
     return g
 
 
@@ -78,10 +89,10 @@ def _bench_keras():
                     lambda: qat.insert_quant_ops(g, is_training=True)))
         rows.append((name, ops, statistics.median(totals),
                      statistics.median(folds), statistics.median(quants)))
-    print("%-13s %8s %12s %10s %12s %8s" % (
+    print("%-19s %8s %12s %10s %12s %8s" % (
         "model", "ops", "create_s", "fold_s", "quantize_s", "<=0.3s"))
     for name, ops, total, fold, quant in rows:
-        print("%-13s %8d %12.3f %10.3f %12.3f %8s" % (
+        print("%-19s %8d %12.3f %10.3f %12.3f %8s" % (
             name, ops, total, fold, quant, "yes" if total <= 0.3 else "no"))
 
 

@@ -111,7 +111,9 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
                              T=tf.int32, Index=tf.int32, end_mask=1)
             return node(prefix + "Reshape", "Reshape", [vector, shape], T=dtype,
                         Tshape=tf.int32)
-        if layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
+        if ((layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"))
+                or layer_op.type in layer_patterns.TRANSPOSED_CONV_TYPES):
+            # Output channels on axis 0 of [out, in], axis 2 of [h, w, out, in].
             return node(prefix + "Reshape", "Reshape",
                         [vector, shared("shape", [-1, 1], tf.int32)], T=dtype,
                         Tshape=tf.int32)
@@ -164,9 +166,13 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
                                     [folded_input, emitted.b_fold], T=dtype,
                                     data_format="NCHW" if plan.channels_first else "NHWC")
             emitted.folded = emitted.bias_add
+            if plan.squeeze is not None:
+                emitted.folded = node(prefix + "Squeeze_Fold", "Squeeze",
+                                      [emitted.bias_add], T=dtype,
+                                      squeeze_dims=plan.squeeze.get_attr("squeeze_dims"))
             if plan.reshape is not None:
                 emitted.folded = node(prefix + "Reshape_Fold", "Reshape",
-                                      [emitted.bias_add, ext(plan.reshape.inputs[1])],
+                                      [emitted.folded, ext(plan.reshape.inputs[1])],
                                       T=dtype, Tshape=plan.reshape.inputs[1].dtype)
     if not plan.training:
         # Keep the original batch norm (and its moving-average updates) fed

@@ -1,4 +1,4 @@
-"""Folds batch norms into the Conv2D / MatMul / DepthwiseConv2dNative before them.
+"""Folds batch norms into the layer before them (conv, depthwise, dense, transposed conv).
 
 `fold_batch_norms(graph, is_training, freeze_batch_norm_delay=None)` finds each
 batch norm by structure (`qat.matching.batch_norm`, `qat.matching.layer_patterns.LAYER_CHAIN`),
@@ -10,7 +10,10 @@ whatever its op names or scopes, and rewrites it in place. With
 the layer op itself is kept (its name too) and reads the folded weights
 `w * s` (`<ctx>/mul_fold`, the tensor the quantize pass quantizes as
 `weights_quant`; depthwise weights are scaled in their [1, 1, in, mult]
-layout, MatMul weights per column, or per row with transpose_b). `<ctx>` is
+layout, MatMul weights per column, or per row with transpose_b, transposed
+conv weights [h, w, out, in] along axis 2; a Conv1D's Conv2D reads its
+expanded weights and its Squeeze is rebuilt after BiasAdd_Fold as
+"<ctx>/Squeeze_Fold"). `<ctx>` is
 the layer op's name scope. 1/s is `divide_no_nan(1, stop_gradient(s))`
 ("<ctx>/scale_fold/inverse"): 0 where s == 0 (gamma == 0), so no NaN.
 
@@ -256,6 +259,9 @@ def _cond_output(plan: fold_plan.FoldPlan, emitted: emit_lib.Emitted,
             out = tf.multiply(layer_output, s, name="rescale_fold")
             out = tf.nn.bias_add(out, b, data_format="NCHW" if plan.channels_first else None,
                                  name="BiasAdd_Fold")
+            if plan.squeeze is not None:
+                out = tf.squeeze(out, plan.squeeze.get_attr("squeeze_dims"),
+                                 name="Squeeze_Fold")
             if shape is not None:
                 out = tf.reshape(out, shape, name="Reshape_Fold")
             return out

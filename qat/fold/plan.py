@@ -28,6 +28,7 @@ class FoldPlan:
     old_consumers: List[tf.Operation]  # consumers of layer_output (old path)
     bias: Optional[tf.Tensor]
     reshape: Optional[tf.Operation]
+    squeeze: Optional[tf.Operation]  # Conv1D: Conv2D -> Squeeze
     channels_first: bool
     training: bool                   # training structure
 
@@ -62,14 +63,15 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
     match = GraphMatcher(layer_patterns.LAYER_CHAIN).match_op(bn.input.op)
     if match is None or bn.input.value_index != 0:
         raise CannotFold(
-            "no Conv2D / MatMul / DepthwiseConv2dNative layer with variable or "
-            "constant weights before it (input %s)" % bn.input.name)
+            "no Conv2D / MatMul / DepthwiseConv2dNative / transposed conv "
+            "layer with variable or constant weights before it (input %s)" % bn.input.name)
     layer_op = match.get_op("layer")
     for op in (layer_op, bn.op):
         if op._control_flow_context is not None:  # pylint: disable=protected-access
             raise CannotFold("%s is inside a v1 tf.cond / tf.while_loop" % op.name)
     chain = [layer_op]
-    for name in ("batch_to_space", "layer_identity", "bias_add", "reshape"):
+    for name in ("batch_to_space", "squeeze", "layer_identity", "bias_add",
+                 "reshape"):
         op = match.get_op(name)
         if op is not None:
             chain.append(op)
@@ -89,6 +91,10 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
                       and data_format(layer_op).startswith("NC"))
     channels = layer_patterns.output_channels(layer_op)
     reshape = match.get_op("reshape")
+    squeeze = match.get_op("squeeze")
+    if squeeze is not None and (channels_first or reshape is not None):
+        raise CannotFold("a squeezed layer output needs an NHWC layer and no "
+                         "reshape before the batch norm")
     if bn.fused and reshape is None and data_format(bn.op).startswith("NC") != channels_first:
         raise CannotFold("its data_format differs from the layer %s" % layer_op.name)
     if bn.fused and reshape is not None and data_format(bn.op) != "NHWC":
@@ -121,6 +127,7 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
             "of a moving mean and variance was found (ambiguous or missing)")
     return FoldPlan(bn=bn, layer_op=layer_op, layer_output=layer_output,
                  old_consumers=old_consumers, bias=bias, reshape=reshape,
+                 squeeze=squeeze,
                  channels_first=channels_first,
                  training=is_training and bn.uses_batch_statistics)
 

@@ -8,15 +8,19 @@ LAYER_CHAIN, rooted at the tensor a batch norm reads (the "pre-BN" tensor)::
 
     [SpaceToBatchND ->] layer ("layer", weights: "weights")
         [-> BatchToSpaceND ("batch_to_space")]      atrous convolution
+        [-> Squeeze ("squeeze")]                    Conv1D (ExpandDims -> Conv2D)
         [-> Identity ("layer_identity")]
         [-> BiasAdd | Add | AddV2 ("bias_add", vector: "bias")]
         [-> Reshape ("reshape")]                    MatMul feeding a 4-D BN
 
-  The layer ops are Conv2D, MatMul and DepthwiseConv2dNative; weights and
+  The layer ops are Conv2D, MatMul, DepthwiseConv2dNative and the transposed
+  convolution Conv2DBackpropInput (input_sizes, weights, data); weights and
   biases are "parameters": a ReadVariableOp (resource variable), an Identity
   of a VariableV2 (ref variable, the `/read` op), a Const, or the ConcatV2
   of such reads that a PartitionedVariable is read as, or a Cast of a read
-  (mixed precision), each optionally behind one Identity. Whether a bias really is a per-channel vector is for
+  (mixed precision), each optionally behind one Identity; weights also
+  behind the ExpandDims of a Conv1D. Whether a bias really is a per-channel
+  vector is for
   the pass to check (shapes are not part of the pattern).
 
 UNSCALED_WEIGHTS, the weights of a layer after a training fold
@@ -52,6 +56,10 @@ from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
 
 # The ops whose weights are folded and quantized.
 LAYER_TYPES = ("Conv2D", "MatMul", "DepthwiseConv2dNative")
+# Transposed convolutions: folded too; also the gradient of a Conv2D, so not
+# a layer by type alone (the quantize pass tells gradient ops apart).
+TRANSPOSED_CONV_TYPES = ("Conv2DBackpropInput",)
+FOLDABLE_TYPES = LAYER_TYPES + TRANSPOSED_CONV_TYPES
 FUSED_BATCH_NORM_TYPES = ("FusedBatchNorm", "FusedBatchNormV2",
                           "FusedBatchNormV3")
 # Ops that hold or read a variable's value.
@@ -95,17 +103,26 @@ def _parameter(name: str) -> OneofPattern:
                         name=name)
 
 
-WEIGHTS = _parameter("weights")
+_WEIGHT = _parameter("weight_parameter")
+# Conv1D reads its [k, in, out] weights expanded to [1, k, in, out].
+WEIGHTS = OneofPattern([OpTypePattern("ExpandDims", inputs=[_WEIGHT, "*"]),
+                        _WEIGHT], name="weights")
 BIAS = _parameter("bias")
 
-LAYER = OpTypePattern("|".join(LAYER_TYPES), name="layer",
-                      inputs=["*", WEIGHTS])
+LAYER = OneofPattern([
+    OpTypePattern("|".join(LAYER_TYPES), inputs=["*", WEIGHTS]),
+    OpTypePattern("|".join(TRANSPOSED_CONV_TYPES), inputs=["*", WEIGHTS, "*"]),
+], name="layer")
 ATROUS_LAYER = OpTypePattern("BatchToSpaceND", name="batch_to_space",
                              inputs=[LAYER, "*", "*"])
 LAYER_OUTPUT = OneofPattern([ATROUS_LAYER, LAYER], name="layer_output")
-_LAYER_IDENTITY = OneofPattern([
-    OpTypePattern("Identity", name="layer_identity", inputs=[LAYER_OUTPUT]),
+_SQUEEZED = OneofPattern([
+    OpTypePattern("Squeeze", name="squeeze", inputs=[LAYER_OUTPUT]),
     LAYER_OUTPUT,
+])
+_LAYER_IDENTITY = OneofPattern([
+    OpTypePattern("Identity", name="layer_identity", inputs=[_SQUEEZED]),
+    _SQUEEZED,
 ])
 _BIASED = OneofPattern([
     OpTypePattern("BiasAdd", name="bias_add", inputs=[_LAYER_IDENTITY, BIAS]),
@@ -201,9 +218,9 @@ def weight_input(layer_op: tf.Operation) -> tf.Tensor:
     Raises:
       ValueError: if `layer_op` is not a layer op.
     """
-    if layer_op.type not in LAYER_TYPES:
+    if layer_op.type not in FOLDABLE_TYPES:
         raise ValueError("%s (%s) is not a layer op; expected one of %s."
-                         % (layer_op.name, layer_op.type, ", ".join(LAYER_TYPES)))
+                         % (layer_op.name, layer_op.type, ", ".join(FOLDABLE_TYPES)))
     direct = layer_op.inputs[1]
     if direct.op.type == "Mul":
         match = _UNSCALED_WEIGHTS_MATCHER.match_op(direct.op)
@@ -234,6 +251,8 @@ def output_channels(layer_op: tf.Operation) -> Optional[int]:
         return w_shape[2] * w_shape[3]
     if layer_op.type == "MatMul" and layer_op.get_attr("transpose_b"):
         return w_shape[0]
+    if layer_op.type in TRANSPOSED_CONV_TYPES:
+        return w_shape[2]  # [h, w, out, in]
     return w_shape[-1]
 
 

@@ -7,7 +7,7 @@ from qat.matching import layer_patterns
 
 # Transposed convolutions (contrib never quantized them): Conv2DBackpropInput
 # (input_sizes, filter, data). Their weights are input 1 like the others.
-TRANSPOSED_CONV_TYPES = frozenset(["Conv2DBackpropInput"])
+TRANSPOSED_CONV_TYPES = frozenset(layer_patterns.TRANSPOSED_CONV_TYPES)
 LAYER_TYPES = frozenset(layer_patterns.LAYER_TYPES) | TRANSPOSED_CONV_TYPES
 
 

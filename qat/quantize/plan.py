@@ -1,18 +1,52 @@
-"""Planning the quantize pass: which tensors get a quantizer, named how.
+"""Planning the quantize pass: which tensors get a range, named how.
 
-`Planner` walks an unchanged graph and returns `Plan`s; `qat.quantize` builds
-them. See `qat.quantize` for what gets a range and why.
+The plan is tensor-centric. `Planner` visits the data path in graph order and
+decides for every float tensor, from the op that produces it and the ops
+that read it (`qat.quantize.op_table`, TFLite's integer op requirements),
+whether it needs a range. A tensor gets at most one quantizer, at its
+producer, and every consumer reads the quantized value: never a raw path
+beside a quantized one.
+
+* Layers (Conv2D, DepthwiseConv2dNative, MatMul, transposed conv): their
+  weights (`<ctx>/weights_quant`), their data input, and their output after
+  the tail (bias add, folded batch norm): `<ctx>/act_quant`, or
+  `<ctx>/conv_quant` when a residual add reads it. A RELU / RELU6 that is the
+  sole reader of a layer, ADD or SUB output is fused by TFLite: the range
+  goes after it instead (`<ctx>/act_quant`).
+* OWN_RANGE ops (ADD, MUL, MEAN, CONCATENATION, LEAKY_RELU, an unfused RELU,
+  ...) whose float data inputs all have ranges: their output, named
+  `<op scope>/<kind>` (`add_quant`, `mul_quant`, `mean_quant`, ...;
+  `post_activation_bypass_quant` for an add reading an activation).
+* hard-swish `x * relu6(x + 3) / 6`: its output only (`act_quant`), so the
+  converter makes it one integer HARD_SWISH op.
+* Same-scale ops (pools, reshapes, pads, ...), fixed-range ops (LOGISTIC,
+  TANH, SOFTMAX) and training-only dropout get no range of their own.
+* A tensor an integer op reads that has no range yet (a graph input, a
+  tensor from outside `scope`): `<producer scope>/input_quant` for graph
+  inputs, `<producer scope>/output_quant` otherwise.
+* Batch norms after no layer: `qat.quantize.standalone_batch_norm`.
+
+Names derive from the producing op and never from consumer order, and ops
+that exist only in training graphs (gradients, dropout) are looked through:
+training and eval graphs plan the same names. What is left in float, and
+why, is listed in `Planner.left_float`.
 """
 import collections
 import dataclasses
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
 from qat.matching import layer_patterns
-from qat.quantize import quantizer_batch
+from qat.quantize import op_table
 from qat.quantize import patterns as qp
+from qat.quantize import plan_graph
 from qat.quantize import standalone_batch_norm
+from qat.quantize.plan_graph import existing_quantizer  # pylint: disable=unused-import
+from qat.quantize.plan_graph import is_quantized_output
+
+_context = plan_graph.context
+_is_float = plan_graph.is_float
 
 
 @dataclasses.dataclass
@@ -28,225 +62,39 @@ class Plan:
     weight_sharers: List[tf.Operation] = dataclasses.field(default_factory=list)
 
 
-def _context(op: tf.Operation) -> str:
-    return op.name.rsplit("/", 1)[0] if "/" in op.name else ""
-
-
-def _own_context(op: tf.Operation) -> str:
-    """The op's scope, or its own name for ops at the root."""
-    return _context(op) or op.name
-
-
-def _join(ctx: str, kind: str) -> str:
-    return ctx + "/" + kind if ctx else kind
-
-
-def _in_scope(op: tf.Operation, scope: Optional[str]) -> bool:
-    return not scope or op.name.startswith(scope)
-
-
-def _is_float(t: tf.Tensor) -> bool:
-    # Floats FakeQuant can quantize (float16 / bfloat16 through float32);
-    # not a fused batch norm's statistics outputs (only output 0 is data).
-    return t.dtype.base_dtype in quantizer_batch.QUANTIZABLE_DTYPES and not (
-        t.value_index and t.op.type in qp.BATCH_NORM_TYPES)
-
-
-def _reaches(start: tf.Operation, target: tf.Operation, depth: int = 5) -> bool:
-    frontier = [start]
-    for _ in range(depth):
-        nxt = []
-        for op in frontier:
-            if op is target:
-                return True
-            for out in op.outputs:
-                nxt.extend(out.consumers())
-        frontier = nxt
-    return any(op is target for op in frontier)
-
-
-def existing_quantizer(t: tf.Tensor):
-    """Finds the quantizer an earlier pass put on `t`.
-
-    Returns:
-      (output tensor consumers read, set of quantizer ops reading `t`), or
-      (None, empty set) when `t` has no quantizer.
-    """
-    fake_quant = None
-    reshape = None
-    for c in t.consumers():
-        if c.type in quantizer_batch.FAKE_QUANT_TYPES and c.inputs[0] is t:
-            fake_quant = c
-        elif c.type == "Reshape":
-            for cc in c.outputs[0].consumers():
-                if cc.type in quantizer_batch.FAKE_QUANT_TYPES:
-                    fake_quant, reshape = cc, c
-    if fake_quant is None:
-        return None, set()
-    out = fake_quant.outputs[0]
-    if reshape is not None:
-        back = [c for c in out.consumers() if c.type == "Reshape"]
-        if back:
-            out = back[0].outputs[0]
-    internal = {fake_quant}
-    if reshape is not None:
-        internal.add(reshape)
-    for c in out.consumers():
-        if c.type in ("Select", "SelectV2") and c.inputs[2] is t:
-            internal.add(c)
-            out = c.outputs[0]
-    for c in t.consumers():
-        if c.type in ("Min", "Max") and _reaches(c, fake_quant):
-            internal.add(c)
-    return out, internal
-
-
-def is_quantized_output(t: tf.Tensor) -> bool:
-    """True if `t` is the output of a quantizer (FakeQuant or its delay)."""
-    op = t.op
-    if op.type in quantizer_batch.FAKE_QUANT_TYPES:
-        return True
-    if op.type in ("Select", "SelectV2", "Reshape"):
-        return any(i.op.type in quantizer_batch.FAKE_QUANT_TYPES for i in op.inputs)
-    return False
-
-
-class Planner(object):
+class Planner(plan_graph.GraphView):
     """Plans the quantizers of one graph without changing it."""
 
     def __init__(self, graph, is_training, scope, per_channel):
-        self.graph = graph
+        super().__init__(graph)
         self.is_training = is_training
         self.scope = scope
         self.per_channel = per_channel
         self.plans: "collections.OrderedDict[tf.Tensor, Plan]" = (
             collections.OrderedDict())
         self.prefixes: Set[str] = set()
-        self.tail_ops: Set[tf.Operation] = set()
         self.weight_plans: Dict[object, Plan] = {}
         self.standalone_bns: List[tf.Operation] = []
-        self.library = None
-        ops = graph.get_operations()
-        self.gradient_ops = self._gradient_ops(ops)
-        layers = layer_patterns.layer_ops(graph)
-        layers += [op for op in ops if op.type in qp.TRANSPOSED_CONV_TYPES]
-        self.layers = [op for op in layers if op not in self.gradient_ops]
-        self.data_ops = self._data_ops(ops)
+        # (tensor or op name, reason) for what the plan leaves in float.
+        self.left_float: List[Tuple[str, str]] = []
+        self._left: Set[str] = set()
+        self.tails: Dict[tf.Operation, Set[tf.Operation]] = {}
+        self.outputs: Dict[tf.Operation, Optional[tf.Tensor]] = {}
+        self.tail_ops: Set[tf.Operation] = set()
+        self.fused: Set[tf.Operation] = set()       # activations fused before
+        self.interior: Set[tf.Operation] = set()    # inside a hard-swish
+        self.hard_swishes: Set[tf.Operation] = set()
+        self.looked_through: Dict[tf.Operation, tf.Tensor] = {}  # dropout
 
-    # --- Graph analysis -----------------------------------------------------
+    # --- Helpers ------------------------------------------------------------
 
-    @staticmethod
-    def _forward_closure(seeds) -> Set[tf.Operation]:
-        seen = set(seeds)
-        stack = list(seeds)
-        while stack:
-            op = stack.pop()
-            for out in op.outputs:
-                for c in out.consumers():
-                    if c not in seen:
-                        seen.add(c)
-                        stack.append(c)
-        return seen
+    def _in_scope(self, op: tf.Operation) -> bool:
+        return not self.scope or op.name.startswith(self.scope)
 
-    def _gradient_ops(self, ops) -> Set[tf.Operation]:
-        # tf.gradients builds each gradient function under its forward op
-        # (recorded as `_original_op`); imported graphs lose that, so gradient
-        # kernels (ReluGrad, Conv2DBackpropInput, ...) are seeds as well.
-        seeds = [op for op in ops
-                 if getattr(op, "_original_op", None) is not None
-                 or qp.is_gradient_kernel(op)]
-        return self._forward_closure(seeds)
-
-    def _data_ops(self, ops) -> Set[tf.Operation]:
-        seeds = list(self.layers)
-        seeds.extend(qp.data_input(layer).op for layer in self.layers)
-        seeds.extend(op for op in ops if op.type in qp.INPUT_TYPES
-                     and any(_is_float(o) for o in op.outputs))
-        return self._forward_closure(seeds)
-
-    def _library(self):
-        """{function name: FunctionDef} of the graph (If branches)."""
-        if self.library is None:
-            self.library = {f.signature.name: f for f in
-                            self.graph.as_graph_def().library.function}
-        return self.library
-
-    def _is_data(self, t: tf.Tensor) -> bool:
-        return t.op in self.data_ops
-
-    def _consumers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
-        """Consumers a quantizer of `t` reroutes (also via an old quantizer)."""
-        out, internal = existing_quantizer(t)
-        found = [c for c in t.consumers() if c not in internal]
-        if out is not None:
-            found.extend(out.consumers())
-        result = []
-        for c in found:
-            if (c in exclude or c in self.gradient_ops or c in result
-                    or qp.is_state_update(c)):
-                continue
-            result.append(c)
-        return result
-
-    def _walk_tail(self, layer: tf.Operation):
-        """Returns (tail ops, layer output tensor) of a layer op."""
-        tail = {layer}
-        stack = [layer]
-        while stack:
-            op = stack.pop()
-            for out in op.outputs:
-                for c in out.consumers():
-                    if (c in tail or c in self.gradient_ops
-                            or c.type not in qp.TAIL_TYPES):
-                        continue
-                    if all(i.op in tail or not self._is_data(i)
-                           for i in c.inputs):
-                        tail.add(c)
-                        stack.append(c)
-        self._prune_reshaping_leaves(layer, tail)
-        exits = []
-        for op in tail:
-            for out in op.outputs:
-                if not _is_float(out):
-                    continue
-                outside = [c for c in out.consumers()
-                           if c not in tail and c not in self.gradient_ops
-                           and not qp.is_state_update(c)
-                           and c.type not in qp.METADATA_TYPES]
-                if outside:
-                    exits.append(out)
-        if not exits:
-            # Nothing reads the tail yet (a final layer the user fetches).
-            exits = [out for op in tail for out in op.outputs
-                     if _is_float(out) and not out.consumers()]
-        rank = layer.outputs[0].shape.rank
-        same_rank = [t for t in exits if t.shape.rank == rank]
-        exits = same_rank or exits
-        if not exits:
-            return tail, None
-        exits.sort(key=lambda t: (t.op._id, t.value_index))  # pylint: disable=protected-access
-        return tail, exits[-1]
-
-    def _prune_reshaping_leaves(self, layer, tail) -> None:
-        """Drops reshaping ops that end a tail (global pooling, flatten).
-
-        `conv -> Mean` or `conv -> Reshape -> MatMul` leave the layer there;
-        the conv output, not the pooled one, is the layer output.
-        """
-        changed = True
-        while changed:
-            changed = False
-            for op in list(tail):
-                if op is layer or op.type not in qp.RESHAPING_TYPES:
-                    continue
-                consumers = [c for out in op.outputs for c in out.consumers()
-                             if c not in self.gradient_ops]
-                if (not any(c in tail for c in consumers) and any(
-                        not qp.is_state_update(c) for c in consumers)):
-                    tail.discard(op)
-                    changed = True
-
-    # --- Planning -----------------------------------------------------------
+    def _leave(self, name: str, reason: str) -> None:
+        if name not in self._left:
+            self._left.add(name)
+            self.left_float.append((name, reason))
 
     def _unique_prefix(self, prefix: str) -> str:
         candidate, i = prefix, 0
@@ -263,40 +111,104 @@ class Planner(object):
         except KeyError:
             return False
 
-    def _is_handled(self, t: tf.Tensor) -> bool:
+    def _has_range(self, t: tf.Tensor) -> bool:
         return (t in self.plans or is_quantized_output(t)
                 or existing_quantizer(t)[0] is not None)
 
     def _plan(self, t: tf.Tensor, ctx: str, kind: str, init_min: float,
               consumers: List[tf.Operation], is_weight: bool = False,
               per_channel: bool = False, allow_unused: bool = False) -> bool:
-        if self._is_handled(t) or not _is_float(t):
+        if self._has_range(t) or not _is_float(t):
             return False
         if not consumers and not allow_unused:
             return False
-        self.plans[t] = Plan(t, self._unique_prefix(_join(ctx, kind)),
+        self.plans[t] = Plan(t, self._unique_prefix(plan_graph.join(ctx, kind)),
                               is_weight, init_min, consumers, per_channel)
         return True
 
-    def _effective(self, t: tf.Tensor) -> tf.Tensor:
-        out, _ = existing_quantizer(t)
-        return t if out is None else out
-
-    def _activation_of(self, t: tf.Tensor) -> Optional[tf.Operation]:
-        """The activation reading `t`; a real one before an Identity."""
-        found = [c for c in self._consumers(t, exclude=self.tail_ops)
-                 if c.type in qp.ACTIVATION_TYPES and c.inputs[0] is t]
-        found.sort(key=lambda c: c.type == "Identity")
-        return found[0] if found else None
-
-    def _residual_adds(self, t: tf.Tensor) -> List[tf.Operation]:
-        found = []
-        for c in self._consumers(t, exclude=self.tail_ops):
-            if c.type not in qp.RESIDUAL_ADD_TYPES or len(c.inputs) != 2:
+    def _source(self, t: tf.Tensor) -> tf.Tensor:
+        """The tensor whose range `t` has: back through same-scale ops."""
+        for _ in range(10000):
+            if self._has_range(t):
+                return t
+            op = t.op
+            if op in self.looked_through:
+                t = self.looked_through[op]
                 continue
-            if all(self._is_data(i) for i in c.inputs):
-                found.append(c)
+            if (op.type not in op_table.SAME_SCALE_TYPES
+                    or (op in self.tail_ops and op.type != "Identity")
+                    or op not in self.data_ops):
+                return t
+            index = op_table.same_scale_input(op, t.value_index)
+            data = [i for i in op.inputs if self.is_data(i)]
+            if index < len(op.inputs) and self.is_data(op.inputs[index]):
+                t = op.inputs[index]
+            elif len(data) == 1:
+                t = data[0]
+            else:
+                return t
+        return t
+
+    def _is_ranged(self, t: tf.Tensor) -> bool:
+        """True if `t` reaches TFLite with a scale (learnt, fixed or constant)."""
+        s = self._source(t)
+        if self._has_range(s) or not self.is_data(s) or s.op in self.interior:
+            return True
+        if s.op.type in op_table.FIXED_RANGE_TYPES:
+            return self._is_ranged(s.op.inputs[0])
+        return False
+
+    def _is_input(self, t: tf.Tensor) -> bool:
+        return self._source(t).op.type in qp.INPUT_TYPES
+
+    def _require(self, t: tf.Tensor) -> None:
+        """Gives `t` a range if it has none, at its source, for all readers."""
+        if self._is_ranged(t):
+            return
+        s = self._source(t)
+        if not _is_float(s):
+            self._leave(s.name, "dtype %s: FakeQuant takes float32, float16 or bfloat16 only"
+                        % s.dtype.name)
+            return
+        kind = "input_quant" if s.op.type in qp.INPUT_TYPES else "output_quant"
+        self._plan(s, plan_graph.own_context(s.op), kind, -6.0,
+                   self.consumers(s))
+
+    def _final_readers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
+        """Readers of `t`, through ops TFLite drops (Identity, dropout)."""
+        found, stack, seen = [], [t], set()
+        while stack:
+            for c in self.readers(stack.pop(), exclude):
+                if c in seen:
+                    continue
+                seen.add(c)
+                if c in self.looked_through:
+                    stack.append(c.outputs[0])
+                elif c.type == "Identity":
+                    stack.append(c.outputs[0])
+                else:
+                    found.append(c)
         return found
+
+    def _plan_output(self, out: tf.Tensor, ctx: str, kind: str,
+                     init_min: float, exclude=(),
+                     allow_unused: bool = True, fusable: bool = True) -> None:
+        """A range on `out`, or after the activation that is its sole reader."""
+        readers = self._final_readers(out, exclude)
+        if (fusable and len(readers) == 1
+                and readers[0].type in op_table.FUSABLE_ACTIVATION_TYPES
+                and self._in_scope(readers[0])):
+            act = readers[0]
+            self.fused.add(act)
+            act_out = act.outputs[0]
+            self._plan(act_out, ctx, "act_quant", 0.0, self.consumers(act_out),
+                       allow_unused=True)
+            return
+        consumers = self.consumers(out, exclude)
+        self._plan(out, ctx, kind, init_min, consumers,
+                   allow_unused=allow_unused)
+
+    # --- Weights ------------------------------------------------------------
 
     def _weight_readers(self, w: tf.Tensor) -> List[tf.Operation]:
         """Layers reading weights `w`, or the training fold's unscale Mul
@@ -305,14 +217,13 @@ class Planner(object):
             return c.type in qp.LAYER_TYPES and c.inputs[1] is w
         return [c for c in w.consumers() if c not in self.gradient_ops and (
             reads(c) or c.type == "Mul" and any(
-                op.type in layer_patterns.LAYER_TYPES
+                op.type in layer_patterns.FOLDABLE_TYPES
                 and layer_patterns.weight_input(op) is w
                 for op in c.outputs[0].consumers()))]
 
     def plan_weights(self, layer: tf.Operation) -> None:
         # Input 1 for every layer type; w*s behind the fold's unscale Mul.
-        w = (layer_patterns.weight_input(layer)
-             if layer.type in layer_patterns.LAYER_TYPES else layer.inputs[1])
+        w = layer_patterns.weight_input(layer)
         if is_quantized_output(w):
             return
         # Reads of one resource variable are one weight: quantized once.
@@ -333,127 +244,92 @@ class Planner(object):
                       is_weight=True, per_channel=per_channel):
             self.weight_plans[key] = self.plans[w]
 
-    def plan_layer_output(self, layer: tf.Operation) -> None:
-        tail, out = self._walk_tail(layer)
-        self.tail_ops |= tail
+    # --- Layers -------------------------------------------------------------
+
+    def _residual_adds(self, t: tf.Tensor, exclude) -> List[tf.Operation]:
+        return [c for c in self._final_readers(t, exclude)
+                if c.type in qp.RESIDUAL_ADD_TYPES and len(c.inputs) == 2
+                and all(self.is_data(i) for i in c.inputs)]
+
+    def visit_layer(self, layer: tf.Operation) -> None:
+        if not self._in_scope(layer):
+            self._leave(layer.name, "outside scope %r" % self.scope)
+            return
+        self._require(qp.data_input(layer))
+        tail, out = self.tails[layer], self.outputs[layer]
         if out is None:
             return
         ctx = _context(layer)
-        activation = self._activation_of(out)
-        if (out.op.type in qp.ACTIVATION_TYPES and
-                (activation is None or activation.type == "Identity")):
-            # An Identity ending the tail is the activation, unless a real
-            # one follows (tf.cond's output Identity before a Relu).
-            activation = out.op
-        if activation is not None:
-            act_out = activation.outputs[0]
-            consumers = self._consumers(act_out)
-            if activation.type == "Identity" and not consumers:
-                self._plan_fetched_identity(activation, tail, ctx)
-                return
-            # A fetched activation output still gets its range (a warning
-            # says to export the act_quant output).
-            self._plan(act_out, ctx, "act_quant", 0.0, consumers,
-                       allow_unused=True)
-            for add in self._residual_adds(self._effective(act_out)):
-                self.plan_add_output(add, after_activation=True)
+        # An Identity ending the tail (`tf.identity(logits, name="output")`,
+        # tf.cond's output) reads the range: the model output the user
+        # fetches or exports under that name is then the quantized value.
+        exclude = {op for op in tail if op.type != "Identity"}
+        while out.op.type == "Identity" and out.op in tail and out.op is not layer:
+            out = out.op.inputs[0]
+        kind = ("conv_quant" if self._residual_adds(out, exclude)
+                else "act_quant")
+        # TFLite fuses an activation into the layer op only when nothing
+        # reshapes in between (a Conv1D's Squeeze, a Reshape before a batch
+        # norm): then the eval graph's layer output is the reshaped one.
+        fusable = out.shape.rank == layer.outputs[0].shape.rank
+        self._plan_output(out, ctx, kind, -6.0, exclude=exclude,
+                          fusable=fusable)
+
+    # --- Other ops ----------------------------------------------------------
+
+    def _add_kind(self, op: tf.Operation) -> str:
+        if op.type in qp.RESIDUAL_ADD_TYPES and len(op.inputs) == 2:
+            for i in op.inputs:
+                # Back through what TFLite drops: quantizers, Identity, dropout.
+                for _ in range(100):
+                    if i.op in self.looked_through:
+                        i = self.looked_through[i.op]
+                    elif i.op.type == "Identity" or is_quantized_output(i):
+                        i = i.op.inputs[0]
+                    else:
+                        break
+                if i.op.type in op_table.ACTIVATION_TYPES:
+                    return "post_activation_bypass_quant"
+        return op_table.RANGE_NAMES.get(op.type, op_table.DEFAULT_RANGE_NAME)
+
+    def visit_own_range(self, op: tf.Operation) -> None:
+        data = [i for i in op.inputs if self.is_data(i)]
+        if not data or (op.type in op_table.REDUCTION_TYPES
+                        and op.outputs[0].shape.rank == 0):
             return
-        adds = self._residual_adds(self._effective(out))
-        consumers = self._consumers(out, exclude=tail)
-        consumers += self._fetched_identities(out, tail)
-        if adds:
-            self._plan(out, ctx, "conv_quant", -6.0, consumers)
-            for add in adds:
-                self.plan_add_output(add, after_activation=False)
+        ranged = [self._is_ranged(i) for i in data]
+        ok = all(r or (self._is_input(i) and op in self.model_ops)
+                 for r, i in zip(ranged, data))
+        if not ok:
+            if any(ranged):
+                missing = [i.name for r, i in zip(ranged, data) if not r]
+                self._leave(op.name, "%s reads %s, which has no range"
+                            % (op.type, ", ".join(missing)))
+            return
+        non_float = [i for i in data if not _is_float(i)]
+        if non_float or not _is_float(op.outputs[0]):
+            self._leave(op.name, "dtype %s: FakeQuant takes float32, float16 or bfloat16 only"
+                        % op.outputs[0].dtype.name)
+            return
+        for i in data:
+            self._require(i)
+        init_min = 0.0 if op.type in ("Relu", "Relu6") else -6.0
+        kind = self._add_kind(op)
+        if op.type in op_table.FUSING_TYPES:
+            self._plan_output(op.outputs[0], plan_graph.own_context(op), kind,
+                              init_min)
         else:
-            # A final layer's output may have no consumer yet (fetched by
-            # the user): it still gets its range for export.
-            self._plan(out, ctx, "act_quant", -6.0, consumers,
-                       allow_unused=True)
+            out = op.outputs[0]
+            self._plan(out, plan_graph.own_context(op), kind, init_min,
+                       self.consumers(out), allow_unused=True)
 
-    def _fetched_identities(self, t: tf.Tensor, tail) -> List[tf.Operation]:
-        """Tail Identity ops reading `t` whose output only the user fetches."""
-        return [c for c in t.consumers()
-                if c.type == "Identity" and c in tail
-                and not self._consumers(c.outputs[0])]
-
-    def _plan_fetched_identity(self, identity: tf.Operation, tail,
-                               ctx: str) -> None:
-        """act_quant for a layer ending in an Identity nothing reads.
-
-        `tf.identity(logits, name="output")` is the model output the user
-        fetches and exports: a FakeQuant after it would feed nothing and the
-        exported layer would stay float. The act_quant goes on the Identity's
-        input and the Identity reads it: the same values as a FakeQuant after
-        the Identity (contrib's place), under the name the user fetches.
-        """
-        t = identity.inputs[0]
-        consumers = [c for c in self._consumers(t)
-                     if c is identity or c not in tail]
-        self._plan(t, ctx, "act_quant", -6.0, consumers)
-
-    def plan_add_output(self, add: tf.Operation, after_activation: bool) -> None:
-        if not _in_scope(add, self.scope) or add in self.gradient_ops:
+    def visit_hard_swish(self, op: tf.Operation, x: tf.Tensor) -> None:
+        if not self._is_ranged(x) and not self._is_input(x):
             return
-        out = add.outputs[0]
-        ctx = _context(add)
-        activation = self._activation_of(out)
-        if activation is not None:
-            act_out = activation.outputs[0]
-            self._plan(act_out, ctx, "act_quant", 0.0,
-                       self._consumers(act_out))
-            return
-        kind = "post_activation_bypass_quant" if after_activation else "add_quant"
-        self._plan(out, ctx, kind, -6.0, self._consumers(out))
-
-    def _handled_through(self, t: tf.Tensor) -> bool:
-        """True if `t` has a range, maybe behind same-scale ops (pooling...)."""
-        while not self._is_handled(t):
-            if t.op.type not in qp.SAME_SCALE_TYPES or not t.op.inputs:
-                return False
-            t = t.op.inputs[0]
-        return True
-
-    @staticmethod
-    def _is_spatial_mean(op: tf.Operation) -> bool:
-        """A global average pooling: Mean of a 4-D tensor over H and W."""
-        if op.inputs[0].shape.rank != 4 or op.inputs[1].op.type != "Const":
-            return False
-        axes = tf.make_ndarray(op.inputs[1].op.get_attr("value")).ravel()
-        axes = {int(a) % 4 for a in axes}
-        return axes in ({1, 2}, {2, 3})
-
-    def plan_other_outputs(self) -> None:
-        """Concat, global-pooling Mean and residual-add outputs outside tails.
-
-        Only where the inputs already have ranges, so model code gets them
-        and loss arithmetic (a mean of the cross entropy, a sum of losses)
-        does not.
-        """
-        for op in sorted(self.data_ops, key=lambda o: o._id):  # pylint: disable=protected-access
-            if (op in self.tail_ops or op in self.gradient_ops
-                    or not _in_scope(op, self.scope) or not op.outputs):
-                continue
-            if op.type in qp.CONCAT_TYPES:
-                values = [i for i in op.inputs if _is_float(i)]
-                if values and all(self._handled_through(i) for i in values):
-                    self._plan(op.outputs[0], _own_context(op), "concat_quant",
-                               -6.0, self._consumers(op.outputs[0]))
-            elif op.type in qp.MEAN_TYPES:
-                if (self._is_spatial_mean(op)
-                        and self._handled_through(op.inputs[0])):
-                    self._plan(op.outputs[0], _own_context(op), "mean_quant",
-                               -6.0, self._consumers(op.outputs[0]))
-            elif (op.type in qp.BATCH_NORM_TYPES
-                  or standalone_batch_norm.is_batch_norm_cond(
-                      op, self._library())):
-                self.plan_standalone_batch_norm(op)
-            elif (op.type in qp.RESIDUAL_ADD_TYPES and len(op.inputs) == 2
-                  and all(self._is_data(i) for i in op.inputs)
-                  and all(self._handled_through(i) for i in op.inputs)):
-                after = any(i.op.type in qp.ACTIVATION_TYPES
-                            or is_quantized_output(i) for i in op.inputs)
-                self.plan_add_output(op, after_activation=after)
+        self._require(x)
+        out = op.outputs[0]
+        self._plan(out, plan_graph.own_context(op), "act_quant", -6.0,
+                   self.consumers(out), allow_unused=True)
 
     def plan_standalone_batch_norm(self, bn: tf.Operation) -> None:
         """A range for a batch norm that follows no layer (contrib had none).
@@ -461,47 +337,79 @@ class Planner(object):
         Input normalisation, or a batch norm after a concat or an add: the
         fold pass leaves it alone. Its input gets a range as a layer input
         would, its output `<bn ctx>/bn_quant`, or `<bn ctx>/act_quant` after
-        the activation reading it. Eval graphs then replace it by a 1x1
-        depthwise conv TFLite runs in integer (`qat.quantize.standalone_batch_norm`).
+        the activation that alone reads it. Eval graphs then replace it by a
+        1x1 depthwise conv TFLite runs in integer
+        (`qat.quantize.standalone_batch_norm`).
         """
         if standalone_batch_norm.is_replaced(bn):
             return  # An earlier pass moved its consumers to the depthwise form.
         self.standalone_bns.append(bn)
-        x = standalone_batch_norm.data_input(bn, self._is_data)
+        x = standalone_batch_norm.data_input(bn, self.is_data)
         if x is not None:
-            self.plan_layer_input(bn, x)
-        out = bn.outputs[0]
-        ctx = _context(bn)
-        activation = self._activation_of(out)
-        if activation is not None and activation.type != "Identity":
-            act_out = activation.outputs[0]
-            self._plan(act_out, ctx, "act_quant", 0.0,
-                       self._consumers(act_out), allow_unused=True)
-            others = [c for c in self._consumers(out) if c is not activation]
-            if others:
-                self._plan(out, ctx, "bn_quant", -6.0, others)
-            return
-        self._plan(out, ctx, "bn_quant", -6.0, self._consumers(out),
-                   allow_unused=True)
+            self._require(x)
+        self._plan_output(bn.outputs[0], _context(bn), "bn_quant", -6.0)
 
-    def plan_layer_input(self, layer: tf.Operation,
-                         t: Optional[tf.Tensor] = None) -> None:
-        t = qp.data_input(layer) if t is None else t
-        while (t.op.type in qp.SAME_SCALE_TYPES and t.op.inputs
-               and not self._is_handled(t)):
-            t = t.op.inputs[0]
-        if self._is_handled(t) or not _is_float(t):
+    def visit(self, op: tf.Operation) -> None:
+        if (op in self.tail_ops and op not in self.tails) or op in self.fused \
+                or op in self.interior or op in self.looked_through:
             return
-        kind = "input_quant" if t.op.type in qp.INPUT_TYPES else "output_quant"
-        self._plan(t, _own_context(t.op), kind, -6.0, self._consumers(t))
+        if op in self.tails:
+            self.visit_layer(op)
+            return
+        if not self._in_scope(op) or not op.outputs:
+            return
+        if (op.type in qp.BATCH_NORM_TYPES
+                or (op.type in op_table.FUNCTIONAL_TYPES
+                    and standalone_batch_norm.is_batch_norm_cond(
+                        op, self.function_library()))):
+            self.plan_standalone_batch_norm(op)
+        elif op in self.hard_swishes:
+            self.visit_hard_swish(op, self.hard_swishes_x[op])
+        elif op.type in op_table.OWN_RANGE_TYPES:
+            self.visit_own_range(op)
+        elif (op.type in op_table.SAME_SCALE_TYPES
+              or op.type in op_table.FIXED_RANGE_TYPES):
+            return
+        elif any(self._is_ranged(i) for i in op.inputs if self.is_data(i)
+                 and _is_float(i)):
+            if op.type in op_table.FUNCTIONAL_TYPES:
+                reason = "functional control flow (%s): not visible" % op.type
+            else:
+                reason = "%s has no integer TFLite kernel in qat's table" % op.type
+            self._leave(op.name, reason)
+
+    # --- Driver -------------------------------------------------------------
+
+    def _find_structures(self, ordered) -> None:
+        self.hard_swishes_x: Dict[tf.Operation, tf.Tensor] = {}
+        for op in ordered:
+            inner = op_table.hard_swish_ops(op)
+            if inner is not None:
+                # The interior feeds the output only.
+                if all(len(self.readers(o.outputs[0])) == 1 for o in inner):
+                    self.hard_swishes.add(op)
+                    self.interior.update(inner)
+                    plus_three = [o for o in inner if o.type in ("Add", "AddV2")]
+                    x = [i for i in plus_three[0].inputs if self.is_data(i)]
+                    self.hard_swishes_x[op] = x[0]
+            dropout = op_table.dropout_ops(op)
+            if dropout is not None:
+                scale = [o for o in dropout if o is not op][0]
+                self.looked_through[op] = scale.outputs[0]
+                self.looked_through[scale] = scale.inputs[0]
 
     def run(self) -> List[Plan]:
-        layers = [op for op in self.layers if _in_scope(op, self.scope)]
+        for layer in self.gradient_layers:
+            self._leave(layer.name, "gradient op")
+        layers = [op for op in self.layers if self._in_scope(op)]
         for layer in layers:
             self.plan_weights(layer)
-        for layer in layers:
-            self.plan_layer_output(layer)
-        self.plan_other_outputs()
-        for layer in layers:
-            self.plan_layer_input(layer)
+        ordered = sorted(self.data_ops, key=lambda o: o._id)  # pylint: disable=protected-access
+        self._find_structures(ordered)
+        for layer in self.layers:
+            tail, out = self.walk_tail(layer, stop=self.interior)
+            self.tails[layer], self.outputs[layer] = tail, out
+            self.tail_ops |= tail
+        for op in ordered:
+            self.visit(op)
         return list(self.plans.values())

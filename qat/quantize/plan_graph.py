@@ -1,0 +1,227 @@
+"""What the quantize planner reads off a graph (no decisions, no edits).
+
+`GraphView` finds the layer ops, the gradient ops (never quantized), the data
+path (ops downstream of graph inputs and layers), the consumers a quantizer
+of a tensor must feed, and the "tail" of a layer (bias add, batch norm, the
+fold pass's training tail) up to the tensor that is the layer's output.
+Module functions recognise quantizers an earlier pass built.
+"""
+from typing import List, Optional, Set, Tuple
+
+import tensorflow as tf
+
+from qat.engine import marks
+from qat.matching import layer_patterns
+from qat.quantize import patterns as qp
+from qat.quantize import quantizer_batch
+
+
+def context(op: tf.Operation) -> str:
+    """The op's name scope ("" at the root)."""
+    return op.name.rsplit("/", 1)[0] if "/" in op.name else ""
+
+
+def own_context(op: tf.Operation) -> str:
+    """The op's scope, or its own name for ops at the root."""
+    return context(op) or op.name
+
+
+def join(ctx: str, kind: str) -> str:
+    return ctx + "/" + kind if ctx else kind
+
+
+def is_float(t: tf.Tensor) -> bool:
+    """Whether FakeQuant can quantize `t` (float16 / bfloat16 through float32).
+
+    A fused batch norm's statistics outputs are not data (only output 0 is).
+    """
+    return t.dtype.base_dtype in quantizer_batch.QUANTIZABLE_DTYPES and not (
+        t.value_index and t.op.type in qp.BATCH_NORM_TYPES)
+
+
+# FakeQuant ops qat did not build (contrib's, hand-made): reused as ranges.
+USER_FAKE_QUANT_TYPES = quantizer_batch.FAKE_QUANT_TYPES | {"FakeQuantWithMinMaxArgs"}
+
+
+def existing_quantizer(t: tf.Tensor):
+    """Finds the quantizer on `t`: qat's own (by its mark) or a user's FakeQuant.
+
+    Returns:
+      (output tensor consumers read, set of quantizer ops reading `t`), or
+      (None, empty set) when `t` has no quantizer.
+    """
+    out = marks.quantizer_of(t)
+    if out is not None:
+        internal = {c for c in t.consumers()
+                    if marks.made_by_qat(c, marks.QUANTIZER, marks.QUANTIZER_OUTPUT)}
+        return out, internal
+    for c in t.consumers():
+        if c.type in USER_FAKE_QUANT_TYPES and c.inputs[0] is t:
+            return c.outputs[0], {c}
+    return None, set()
+
+
+def is_quantized_output(t: tf.Tensor) -> bool:
+    """True if `t` is the output of a quantizer (qat's, or a user's FakeQuant)."""
+    return (marks.made_by_qat(t.op, marks.QUANTIZER_OUTPUT)
+            or t.op.type in USER_FAKE_QUANT_TYPES)
+
+
+def forward_closure(seeds) -> Set[tf.Operation]:
+    seen = set(seeds)
+    stack = list(seeds)
+    while stack:
+        op = stack.pop()
+        for out in op.outputs:
+            for c in out.consumers():
+                if c not in seen:
+                    seen.add(c)
+                    stack.append(c)
+    return seen
+
+
+def _scales_by_scalar(op: tf.Operation, is_data) -> bool:
+    """A multiply or divide by a scalar: user arithmetic, not a batch norm.
+
+    Batch-norm scales are per-channel vectors; a scalar factor after a layer
+    is an op of its own (hard-sigmoid, swish's beta, a scaled residual). In
+    the tail, the converter would fold it into the already quantized weights
+    and leave the layer in float.
+    """
+    if op.type not in ("Mul", "RealDiv", "Div"):
+        return False
+    return any(not is_data(i) and i.shape.rank == 0 for i in op.inputs)
+
+
+class GraphView(object):
+    """Layers, gradient ops, data path and consumers of one graph."""
+
+    def __init__(self, graph: tf.Graph):
+        self.graph = graph
+        ops = graph.get_operations()
+        self.ops = ops
+        # tf.gradients builds each gradient function under its forward op
+        # (recorded as `_original_op`); imported graphs lose that, so gradient
+        # kernels (ReluGrad, Conv2DBackpropFilter, ...) are seeds as well.
+        self.gradient_ops = forward_closure(
+            [op for op in ops if getattr(op, "_original_op", None) is not None
+             or qp.is_gradient_kernel(op)])
+        layers = layer_patterns.layer_ops(graph)
+        layers += [op for op in ops if op.type in qp.TRANSPOSED_CONV_TYPES]
+        self.gradient_layers = [op for op in layers if op in self.gradient_ops]
+        self.layers = sorted((op for op in layers if op not in self.gradient_ops),
+                             key=lambda o: o._id)  # pylint: disable=protected-access
+        seeds = list(self.layers)
+        seeds.extend(qp.data_input(layer).op for layer in self.layers)
+        seeds.extend(op for op in ops if op.type in qp.INPUT_TYPES
+                     and any(is_float(o) for o in op.outputs))
+        self.data_ops = forward_closure(seeds) - self.gradient_ops
+        self.model_ops = self._ancestors(self.layers)
+        self.library = None
+
+    def _ancestors(self, ops) -> Set[tf.Operation]:
+        """Data ops some layer reads, directly or not (the model proper)."""
+        seen = set(ops)
+        stack = list(ops)
+        while stack:
+            op = stack.pop()
+            for i in op.inputs:
+                if i.op in self.data_ops and i.op not in seen:
+                    seen.add(i.op)
+                    stack.append(i.op)
+        return seen
+
+    def function_library(self):
+        """{function name: FunctionDef} of the graph (If branches)."""
+        if self.library is None:
+            self.library = {f.signature.name: f for f in
+                            self.graph.as_graph_def().library.function}
+        return self.library
+
+    def is_data(self, t: tf.Tensor) -> bool:
+        return t.op in self.data_ops
+
+    def consumers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
+        """Consumers a quantizer of `t` reroutes (also via an old quantizer)."""
+        out, internal = existing_quantizer(t)
+        found = [c for c in t.consumers() if c not in internal]
+        if out is not None:
+            found.extend(out.consumers())
+        result = []
+        for c in found:
+            if (c in exclude or c in self.gradient_ops or c in result
+                    or qp.is_state_update(c)):
+                continue
+            result.append(c)
+        return result
+
+    def readers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
+        """Consumers that compute with the value (not Shape & co)."""
+        return [c for c in self.consumers(t, exclude)
+                if c.type not in qp.METADATA_TYPES]
+
+    def walk_tail(self, layer: tf.Operation, stop=frozenset()
+                  ) -> Tuple[Set[tf.Operation], Optional[tf.Tensor]]:
+        """Returns (tail ops, layer output tensor) of a layer op.
+
+        An op joins the tail when it is a tail type, not in `stop`, and
+        every data input it has comes from the tail (the others are
+        parameters), so residual adds never join.
+        """
+        tail = {layer}
+        stack = [layer]
+        while stack:
+            op = stack.pop()
+            for out in op.outputs:
+                for c in out.consumers():
+                    if (c in tail or c in self.gradient_ops or c in stop
+                            or c.type not in qp.TAIL_TYPES):
+                        continue
+                    if _scales_by_scalar(c, self.is_data):
+                        continue  # A MUL of its own, never folded.
+                    if all(i.op in tail or not self.is_data(i)
+                           for i in c.inputs):
+                        tail.add(c)
+                        stack.append(c)
+        self._prune_reshaping_leaves(layer, tail)
+        exits = []
+        for op in tail:
+            for out in op.outputs:
+                if not is_float(out):
+                    continue
+                outside = [c for c in out.consumers()
+                           if c not in tail and c not in self.gradient_ops
+                           and not qp.is_state_update(c)
+                           and c.type not in qp.METADATA_TYPES]
+                if outside:
+                    exits.append(out)
+        if not exits:
+            # Nothing reads the tail yet (a final layer the user fetches).
+            exits = [out for op in tail for out in op.outputs
+                     if is_float(out) and not out.consumers()]
+        rank = layer.outputs[0].shape.rank
+        same_rank = [t for t in exits if t.shape.rank == rank]
+        exits = same_rank or exits
+        if not exits:
+            return tail, None
+        exits.sort(key=lambda t: (t.op._id, t.value_index))  # pylint: disable=protected-access
+        return tail, exits[-1]
+
+    def _prune_reshaping_leaves(self, layer, tail) -> None:
+        """Drops reshaping ops that end a tail (global pooling, flatten).
+
+        `conv -> Mean` or `conv -> Reshape -> MatMul` leave the layer there;
+        the conv output, not the pooled one, is the layer output.
+        """
+        changed = True
+        while changed:
+            changed = False
+            for op in list(tail):
+                if op is layer or op.type not in qp.RESHAPING_TYPES:
+                    continue
+                consumers = [c for out in op.outputs for c in out.consumers()
+                             if c not in self.gradient_ops]
+                if (not any(c in tail for c in consumers) and any(
+                        not qp.is_state_update(c) for c in consumers)):
+                    tail.discard(op)
+                    changed = True

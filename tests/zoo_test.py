@@ -1,0 +1,71 @@
+"""The zoo: every architecture of tests/zoo_util.py to fully integer TFLite.
+
+For each model: two training steps with a finite loss; the training
+checkpoint restores into a separately built eval graph with a plain, strict
+`Saver().restore`; uint8 and int8 TFLite models convert with zero float
+compute ops, through `qat.export` and through TensorFlow's converter with the
+README's flags; and the TFLite models agree with the eval graph.
+"""
+import os
+import tempfile
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# oneDNN fuses Conv2D+BiasAdd+LeakyRelu and drops alpha (TF bug): the eval
+# graph must compute what the model says.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from absl.testing import absltest  # pylint: disable=g-import-not-at-top
+from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
+
+from qat import export  # pylint: disable=g-import-not-at-top
+import zoo_util  # pylint: disable=g-import-not-at-top
+
+tf.compat.v1.disable_eager_execution()
+
+# The eval graph and TFLite run the same integer grid; differences come from
+# rounding inside the integer kernels (requantisation, fixed-point
+# multipliers), a few output steps at most.
+_MAX_DIFF_STEPS = 12.0
+_PARITY_EXAMPLES = 8
+
+
+class ZooTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*[(name, name) for name in zoo_util.CASES])
+    def test_train_restore_export(self, name):
+        workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+        checkpoint = os.path.join(workdir, "ckpt", "model")
+        losses = zoo_util.train_two_steps(name, checkpoint)
+        self.assertTrue(np.all(np.isfinite(losses)), losses)
+        sess, x, y = zoo_util.eval_session(name, checkpoint)  # strict restore
+        inputs = zoo_util.make_inputs(name, _PARITY_EXAMPLES, seed=5)
+        input_range = zoo_util.CASES[name].input_range
+        with sess:
+            reference = export.run_graph(sess, x.name, y.name, inputs)
+            self.assertTrue(np.all(np.isfinite(reference)))
+            # Not asserted: that the outputs differ between examples. After
+            # two steps the activation ranges are still near their initial
+            # [-6, 6], and the MobileNets' small logits quantize to one value
+            # for every example (README, known limits).
+            models = export.export_tflite(
+                [x.name], [y.name], workdir, sess=sess,
+                flavours=("uint8", "int8"),
+                input_ranges={x.op.name: input_range},
+                parity_inputs=inputs, max_diff_steps=_MAX_DIFF_STEPS)
+            self.assertCountEqual(models, ["uint8", "int8"])
+            frozen = export.freeze_session(sess, [y.op.name])
+            for flavour in ("uint8", "int8"):
+                model = zoo_util.convert_with_tf(sess, x, y, flavour,
+                                                 input_range)
+                export.check_fully_integer(model, frozen,
+                                           label=f"{name} {flavour} (TF)")
+                report = export.check_parity(model, frozen, x.name, y.name,
+                                             inputs,
+                                             max_diff_steps=_MAX_DIFF_STEPS)
+                self.assertLessEqual(report.max_diff_steps, _MAX_DIFF_STEPS)
+
+
+if __name__ == "__main__":
+    absltest.main()
