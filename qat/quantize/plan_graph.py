@@ -195,11 +195,15 @@ class GraphView(object):
                            and c.type not in qp.METADATA_TYPES]
                 if outside:
                     exits.append(out)
+        rank = layer.outputs[0].shape.rank
         if not exits:
             # Nothing reads the tail yet (a final layer the user fetches).
             exits = [out for op in tail for out in op.outputs
                      if is_float(out) and not out.consumers()]
-        rank = layer.outputs[0].shape.rank
+            if exits and not any(t.shape.rank == rank for t in exits):
+                # What follows is arithmetic down to a scalar (a loss read
+                # off the layer): the layer itself is the output, read by it.
+                return {layer}, layer.outputs[0]
         same_rank = [t for t in exits if t.shape.rank == rank]
         exits = same_rank or exits
         if not exits:
