@@ -15,6 +15,11 @@ from qat.matching import layer_patterns
 from qat.matching.matcher import GraphMatcher
 
 
+# Built once: the layer patterns (partitioned and cast weights included) are
+# large, and a matcher indexes its pattern's names when it is made.
+_LAYER_CHAIN_MATCHER = GraphMatcher(layer_patterns.LAYER_CHAIN)
+
+
 class CannotFold(Exception):
     """A batch norm the fold pass leaves alone; the message says why."""
 
@@ -60,7 +65,7 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
     Raises:
       CannotFold: with the reason, if it cannot be folded.
     """
-    match = GraphMatcher(layer_patterns.LAYER_CHAIN).match_op(bn.input.op)
+    match = _LAYER_CHAIN_MATCHER.match_op(bn.input.op)
     if match is None or bn.input.value_index != 0:
         raise CannotFold(
             "no Conv2D / MatMul / DepthwiseConv2dNative / transposed conv "
