@@ -6,47 +6,16 @@ take over and, in eval graphs, the standalone batch-norm replacements as one
 `qat.engine.rewrite.Rewrite`, which is checked before it is applied: a bad
 input leaves the graph untouched.
 
-What gets a range (names as in `tf.contrib.quantize`; ctx is the scope of the
-layer op, `net/conv1` for `net/conv1/Conv2D`):
+What gets a range, and under which name, is the planner's business: see
+`qat.quantize.plan` (tensor-centric rules from TFLite's integer op
+requirements, `qat.quantize.op_table`) and the README section "What gets a
+FakeQuant". This module turns each `Plan` into a `QuantizerSpec` (bit width,
+symmetry, per-channel, devices), builds them, and reports the result.
 
-* the weights of every Conv2D, MatMul, DepthwiseConv2dNative and transposed
-  conv (Conv2DBackpropInput), once even if several layers share them (one
-  variable read by several ops counts as one): `<ctx>/weights_quant` (last
-  value, narrow range);
-* the layer output after its activation (Relu, Relu6, Identity, LeakyRelu):
-  `<ctx>/act_quant`; without activation, the layer output itself (final
-  layers, the depthwise half of a separable conv): `<ctx>/act_quant`;
-* a layer output feeding a residual add: `<ctx>/conv_quant`; the add output:
-  `<add ctx>/add_quant`, or `<add ctx>/act_quant` after its activation, or
-  `<add ctx>/post_activation_bypass_quant` when the add follows the
-  activation;
-* batch norms that follow no layer (input normalisation, after a concat or
-  an add): `<bn ctx>/bn_quant` on the output, or `<bn ctx>/act_quant` after
-  its activation, and a range on the input; in eval graphs the batch norm is
-  replaced by the equal 1x1 depthwise conv TFLite runs in integer
-  (`qat.quantize.standalone_batch_norm`);
-* what contrib missed and TFLite needs for a fully integer model: concat
-  outputs (`concat_quant`), global average pooling Mean outputs
-  (`mean_quant`), residual adds of plain activations (`add_quant`) - each only
-  when its inputs have ranges, so loss arithmetic is left alone - and the
-  graph input that feeds a layer (`input_quant`; `output_quant` for another
-  unquantized producer, e.g. outside `scope`), each under the scope of the op
-  producing the tensor.
-
-A layer output nothing consumes yet (a fetched final layer) still gets its
-`act_quant`, reading it and feeding nothing (a warning names it): export that
-FakeQuant's output. A final layer ending in an Identity nothing reads
-(`tf.identity(logits, name="output")`) gets its `act_quant` before the
-Identity, which then outputs the quantized value under the user's name.
-
-Layers are found with `qat.matching.layer_patterns`; the pass then walks forward from
-each layer op through its "tail" (bias add, batch norm, the fold pass's
-training tail of divide-by-scale, batch norm and Select) to the activation or
-residual add. An op joins a layer's tail only if all its data inputs come from
-that tail, which is what tells a bias add (parameter operand) from a residual
-add (data operand). Gradient ops - those `tf.gradients` built (they record
-their forward op), gradient kernels, and everything downstream of them - never
-get FakeQuant ops and keep reading float tensors.
+A tensor nothing consumes yet (a fetched final layer) still gets its
+quantizer, reading it and feeding nothing (a warning names it): export that
+quantizer's output. Layers inside functional control flow, which the pass
+cannot edit, are named in `QuantizeResult.left_float` with the workaround.
 """
 import dataclasses
 from typing import List, Optional
