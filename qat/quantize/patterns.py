@@ -3,6 +3,7 @@
 The layer ops themselves come from `qat.matching.layer_patterns` (shared with the fold
 pass); this module lists what the quantize pass walks through after them.
 """
+from qat.engine import marks
 from qat.matching import layer_patterns
 
 # Transposed convolutions (contrib never quantized them): Conv2DBackpropInput
@@ -21,23 +22,28 @@ def data_input(layer_op):
 ACTIVATION_TYPES = frozenset(["Relu", "Relu6", "Identity", "LeakyRelu"])
 
 # Ops that can sit between a layer op and its activation: bias adds, atrous
-# BatchToSpaceND, batch norms (fused, unfused arithmetic, batch statistics) and
-# the training-mode fold tail (divide by the scale, Select between batch and
-# moving statistics after the freeze). An Identity ending a tail is the
-# layer's activation (an explicit "no activation"). A tail op only joins a layer's tail when
-# every data input it has comes from that layer's tail (the others are
-# parameters), so residual adds never join.
+# BatchToSpaceND, batch norms (fused, unfused arithmetic, batch statistics).
+# The fold pass's own tail ops (rescale, folded bias add, select_fold, its
+# functional cond) are recognised by qat's mark instead (`is_tail_op`). An
+# Identity ending a tail is the layer's activation (an explicit "no
+# activation"). A tail op only joins a layer's tail when every data input it
+# has comes from that layer's tail (the others are parameters), so residual
+# adds never join.
 TAIL_TYPES = frozenset([
-    "BiasAdd", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan",
+    "BiasAdd", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div",
     "Neg", "Identity",
     "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3",
-    "Select", "SelectV2", "Mean", "SquaredDifference", "StopGradient",
+    "Mean", "SquaredDifference", "StopGradient",
     "Squeeze", "Rsqrt", "Sqrt", "Reciprocal", "Reshape", "BatchToSpaceND",
     "Maximum", "Minimum", "Square", "ExpandDims",
-    # fold_batch_norms(use_cond=True) chooses with a functional cond, and
-    # unfoldable batch norms of Keras graphs sit inside If ops.
+    # Unfoldable batch norms of Keras graphs sit inside If ops.
     "If", "StatelessIf",
 ])
+
+
+def is_tail_op(op) -> bool:
+    """Whether `op` can be part of a layer's tail (see TAIL_TYPES)."""
+    return op.type in TAIL_TYPES or marks.made_by_qat(op, marks.FOLD)
 
 # Tail ops that change the shape: a tail never ends with them.
 RESHAPING_TYPES = frozenset(["Mean", "Reshape", "Squeeze", "ExpandDims"])

@@ -175,7 +175,7 @@ class GraphView(object):
             for out in op.outputs:
                 for c in out.consumers():
                     if (c in tail or c in self.gradient_ops or c in stop
-                            or c.type not in qp.TAIL_TYPES):
+                            or not qp.is_tail_op(c)):
                         continue
                     if _scales_by_scalar(c, self.is_data):
                         continue  # A MUL of its own, never folded.

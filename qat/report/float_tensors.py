@@ -85,7 +85,8 @@ def layer_tail(layer: tf.Operation, path: Set[tf.Operation], max_ops: int = 16) 
                 quantizer = quantizer or consumer
                 continue
             if (consumer in members or consumer not in path
-                    or consumer.type not in walkable):
+                    or not (consumer.type in walkable
+                            or quantize_patterns.is_tail_op(consumer))):
                 continue
             if all(i.op in members for i in _data_inputs(consumer, path)):
                 members.add(consumer)

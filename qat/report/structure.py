@@ -303,7 +303,7 @@ def layer_of(tensor: tf.Tensor, depth: int = 8) -> Optional[tf.Operation]:
     for _ in range(depth):
         if op.type in LAYER_TYPES:
             return op
-        if op.type not in walkable or not op.inputs:
+        if not (op.type in walkable or quantize_patterns.is_tail_op(op)) or not op.inputs:
             return None
         data = [i for i in op.inputs if not layer_patterns.is_parameter(i)
                 and i.dtype.is_floating]
