@@ -1,0 +1,63 @@
+"""Odd graphs users bring: gradients built before the rewrite, hand-made FakeQuants.
+
+(Issue #12, items 3 and 4; the other items have tests of their own:
+property_test, mixed_precision_test, control_flow_test,
+partitioned_weights_test, engine_test, graph_editor_select_test,
+onednn_leaky_relu_test.)
+"""
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+from absl.testing import absltest  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+import qat  # pylint: disable=g-import-not-at-top
+
+tf1 = tf.compat.v1
+
+
+def _conv_model(weights_fn=None):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [2, 6, 6, 3], name="x")
+        w = tf1.get_variable("conv/weights", [3, 3, 3, 4])
+        if weights_fn is not None:
+            w = weights_fn(w)
+        y = tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME", name="conv/Conv2D"), name="conv/Relu")
+        loss = tf.reduce_mean(tf.square(y), name="loss")
+    return g, loss
+
+
+class OddGraphsTest(absltest.TestCase):
+
+    def test_gradients_built_before_the_rewrite_are_named(self):
+        g, loss = _conv_model()
+        with g.as_default():
+            grads = tf.gradients(loss, tf1.trainable_variables())
+        with self.assertLogs(level="WARNING") as logs:
+            qat.create_training_graph(g)
+        message = "\n".join(logs.output)
+        self.assertIn("gradient ops", message)
+        self.assertIn(grads[0].op.name.split("/")[0], message)
+        # The gradients keep their float path: no FakeQuant reads a gradient op.
+        for op in g.get_operations():
+            if op.type.startswith("FakeQuant"):
+                self.assertNotIn("gradients", op.inputs[0].name, op.name)
+
+    def test_hand_made_fake_quant_on_weights_is_reused(self):
+        def hand_quantized(w):
+            return tf.quantization.fake_quant_with_min_max_args(
+                w, min=-1.0, max=1.0, narrow_range=True, name="conv/my_weights_quant")
+        g, _ = _conv_model(hand_quantized)
+        qat.create_training_graph(g)
+        conv = g.get_operation_by_name("conv/Conv2D")
+        self.assertEqual(conv.inputs[1].op.name, "conv/my_weights_quant")
+        weight_fake_quants = [op.name for op in g.get_operations()
+                              if op.type.startswith("FakeQuant")
+                              and "weights" in op.inputs[0].name]
+        self.assertEqual(weight_fake_quants, ["conv/my_weights_quant"])
+
+
+if __name__ == "__main__":
+    absltest.main()
