@@ -17,8 +17,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
-from sklearn import datasets  # pylint: disable=g-import-not-at-top
 
+import digits_util  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 
@@ -31,12 +31,7 @@ _BATCH = 64
 
 
 def _digits():
-    digits = datasets.load_digits()
-    images = (digits.images / 16.0).astype(np.float32)[..., None]
-    labels = digits.target.astype(np.int32)
-    order = np.random.RandomState(0).permutation(len(labels))
-    images, labels = images[order], labels[order]
-    return (images[:1400], labels[:1400]), (images[1400:], labels[1400:])
+    return digits_util.digits_split()
 
 
 def _conv_bn(h, channels, name, training, stride=1, transposed=False):

@@ -79,6 +79,23 @@ def _output_scale(model: bytes) -> Optional[float]:
     return None
 
 
+def set_input(interp, inputs: np.ndarray) -> None:
+    """Resizes an interpreter's batch to len(inputs) and feeds float `inputs`.
+
+    Integer inputs are quantized with the input tensor's scale and zero point.
+    """
+    inp = interp.get_input_details()[0]
+    interp.resize_tensor_input(inp["index"], [len(inputs)] + list(inp["shape"][1:]))
+    interp.allocate_tensors()
+    inp = interp.get_input_details()[0]
+    data = np.asarray(inputs, np.float32)
+    if np.issubdtype(inp["dtype"], np.integer):
+        scale, zero_point = inp["quantization"]
+        info = np.iinfo(inp["dtype"])
+        data = np.clip(np.round(data / scale + zero_point), info.min, info.max)
+    interp.set_tensor(inp["index"], data.astype(inp["dtype"]))
+
+
 def run_tflite(model: bytes, inputs: np.ndarray) -> np.ndarray:
     """Runs a TFLite model on float `inputs`, returning float outputs.
 
@@ -87,17 +104,8 @@ def run_tflite(model: bytes, inputs: np.ndarray) -> np.ndarray:
     resized to len(inputs).
     """
     interp = make_interpreter(model)
-    inp = interp.get_input_details()[0]
-    interp.resize_tensor_input(inp["index"], [len(inputs)] + list(inp["shape"][1:]))
-    interp.allocate_tensors()
-    inp = interp.get_input_details()[0]
+    set_input(interp, inputs)
     out = interp.get_output_details()[0]
-    data = np.asarray(inputs, np.float32)
-    if np.issubdtype(inp["dtype"], np.integer):
-        scale, zero_point = inp["quantization"]
-        info = np.iinfo(inp["dtype"])
-        data = np.clip(np.round(data / scale + zero_point), info.min, info.max)
-    interp.set_tensor(inp["index"], data.astype(inp["dtype"]))
     interp.invoke()
     result = interp.get_tensor(out["index"])
     if np.issubdtype(out["dtype"], np.integer):

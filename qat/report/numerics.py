@@ -25,6 +25,7 @@ import tensorflow as tf
 from qat.export import convert as convert_lib
 from qat.export import freeze
 from qat.export import inspect
+from qat.export import parity
 from qat.report import structure
 
 DRIFT_STEPS = 1.0  # A TFLite tensor off by more than this many steps "drifts".
@@ -172,16 +173,7 @@ def run_tflite_tensors(model: bytes, samples: np.ndarray, batch_size: int = 64
         interp = litert.Interpreter(
             model_content=model, experimental_preserve_all_tensors=True,
             experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-        inp = interp.get_input_details()[0]
-        interp.resize_tensor_input(inp["index"], [len(batch)] + list(inp["shape"][1:]))
-        interp.allocate_tensors()
-        inp = interp.get_input_details()[0]
-        data = batch
-        if np.issubdtype(inp["dtype"], np.integer):
-            scale, zero_point = inp["quantization"]
-            info = np.iinfo(inp["dtype"])
-            data = np.clip(np.round(batch / scale + zero_point), info.min, info.max)
-        interp.set_tensor(inp["index"], data.astype(inp["dtype"]))
+        parity.set_input(interp, batch)
         interp.invoke()
         for index in wanted:
             chunks[index].append(np.array(interp.get_tensor(index)))
