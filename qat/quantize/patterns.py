@@ -80,13 +80,6 @@ def is_state_update(op) -> bool:
         "ScatterUpdate", "ResourceScatterUpdate")
 
 
-def is_optimizer_op(op) -> bool:
-    """True for optimizer update ops (Apply*, ResourceApply*, SparseApply*)."""
-    t = op.type
-    return (t.startswith("Apply") or t.startswith("ResourceApply")
-            or t.startswith("SparseApply") or t.startswith("ResourceSparseApply"))
-
-
 _GRADIENT_ONLY_TYPES = frozenset([
     "Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter",
     "DepthwiseConv2dNativeBackpropInput", "BroadcastGradientArgs"])

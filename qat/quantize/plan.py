@@ -98,18 +98,12 @@ class Planner(plan_graph.GraphView):
 
     def _unique_prefix(self, prefix: str) -> str:
         candidate, i = prefix, 0
-        while candidate in self.prefixes or self._name_taken(candidate):
+        # Unique within this plan; QuantizerBatch makes it free in the graph.
+        while candidate in self.prefixes:
             i += 1
             candidate = "%s_%d" % (prefix, i)
         self.prefixes.add(candidate)
         return candidate
-
-    def _name_taken(self, prefix: str) -> bool:
-        try:
-            self.graph.get_operation_by_name(prefix + "/min")
-            return True
-        except KeyError:
-            return False
 
     def _has_range(self, t: tf.Tensor) -> bool:
         return (t in self.plans or is_quantized_output(t)

@@ -18,6 +18,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set
 
 import tensorflow as tf
 
+from qat.engine import preconditions
 from qat.matching import layer_patterns
 from qat.quantize import patterns as quantize_patterns
 from qat.quantize import quantizer_batch
@@ -203,7 +204,7 @@ def default_outputs(graph: tf.Graph) -> List[tf.Operation]:
     for op in graph.get_operations():
         if op not in fed or op.type in INPUT_TYPES:
             continue
-        if quantize_patterns.is_state_update(op) or quantize_patterns.is_optimizer_op(op):
+        if quantize_patterns.is_state_update(op) or preconditions.is_optimizer_op(op):
             continue
         if op.type in FAKE_QUANT_TYPES or is_batch_norm(op) or not op.outputs:
             continue
