@@ -25,6 +25,7 @@ from typing import Dict, Iterable, List, Optional, Set
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 import qat
 from tools import _property_networks as networks
@@ -50,8 +51,13 @@ def _is_fake_quant(op: tf.Operation) -> bool:
 
 
 def _session(graph: tf.Graph) -> tf.compat.v1.Session:
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                      inter_op_parallelism_threads=1)
+    # Grappler off: the checks are about qat's graph, not TensorFlow's
+    # optimisations of it, and optimising each small graph costs more than
+    # running it.
+    rewrite_options = rewriter_config_pb2.RewriterConfig(disable_meta_optimizer=True)
+    config = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=1, inter_op_parallelism_threads=1,
+        graph_options=tf.compat.v1.GraphOptions(rewrite_options=rewrite_options))
     return tf.compat.v1.Session(graph=graph, config=config)
 
 
