@@ -207,7 +207,7 @@ _STAGES = {
     "build_node": (node_batch.NodeBatch, "node"),
     "build_python_ops": (node_batch.NodeBatch, "python_ops"),
     "check_in_scratch": (node_batch.NodeBatch, "check"),
-    "import": (tf.graph_util, "import_graph_def"),
+    "import": (node_batch, "_import"),
     "import_into_graph": (node_batch.NodeBatch, "build"),
     "check_reroutes": (rewrite_lib.Rewrite, "_check"),
 }

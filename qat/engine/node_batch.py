@@ -14,6 +14,7 @@ only marked as used in the graph when the ops are added; `check` imports the
 NodeDefs into an empty scratch graph first, where TensorFlow checks op types,
 attributes, dtypes and shapes. Every node carries the mark of `qat.engine.marks`.
 """
+import functools
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 import weakref
 
@@ -42,6 +43,12 @@ def _graph_def() -> graph_pb2.GraphDef:
     graph_def.versions.producer = tf.version.GRAPH_DEF_VERSION
     graph_def.versions.min_consumer = tf.version.GRAPH_DEF_VERSION_MIN_CONSUMER
     return graph_def
+
+
+@functools.lru_cache(maxsize=None)
+def _canonical_device(device: str) -> str:
+    """`device` as TensorFlow writes it on ops (`/cpu:0` -> `/device:CPU:0`)."""
+    return tf.DeviceSpec.from_string(device).to_string()
 
 
 def _no_colocation(node) -> None:
@@ -74,9 +81,9 @@ def _add_stand_in(graph_def: graph_pb2.GraphDef, name: str, dtype: tf.DType,
     node.attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
 
 
-def _import_checked(graph: tf.Graph, graph_def: graph_pb2.GraphDef,
+def _import_checked(graph: tf.Graph, serialized_graph_def: bytes,
                     outputs: Sequence[str]) -> Dict[str, tf.Tensor]:
-    """Imports `graph_def` into `graph` in C++ only; wraps just `outputs`.
+    """Imports a GraphDef into `graph` in C++ only; wraps just `outputs`.
 
     TensorFlow checks every node (op type, attributes, dtypes, shape
     inference) during the C++ import; `import_graph_def` would then also
@@ -94,7 +101,7 @@ def _import_checked(graph: tf.Graph, graph_def: graph_pb2.GraphDef,
     for ref in outputs:
         name, _, index = ref.partition(":")
         c_api.TF_ImportGraphDefOptionsAddReturnOutput(options.options, name, int(index or 0))
-    buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
+    buffer = c_api.TF_NewBufferFromString(serialized_graph_def)
     try:
         with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
             results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options.options)
@@ -108,6 +115,93 @@ def _import_checked(graph: tf.Graph, graph_def: graph_pb2.GraphDef,
         op = graph._create_op_from_tf_operation(output.oper)  # pylint: disable=protected-access
         found[ref] = op.outputs[output.index]
     return found
+
+
+def _import(graph: tf.Graph, graph_def: graph_pb2.GraphDef, serialized: bytes,
+            input_map: Dict[str, tf.Tensor], names: Sequence[str]) -> Dict[str, tf.Operation]:
+    """Imports a batch's nodes into `graph` (all of them or, on failure, none).
+
+    Where TensorFlow's `import_graph_def` has nothing to do after the C++
+    import but wrap each new op in Python (no functions to register, no
+    device function active), that is all this does: TensorFlow's import
+    would also read every new op's colocation list and re-apply its device,
+    and a batch's nodes have empty colocation lists and canonical devices.
+
+    Returns:
+      The ops of `names`, by name.
+
+    Raises:
+      ValueError: TensorFlow's message for a bad node or a taken name.
+    """
+    with graph.as_default(), graph.control_dependencies(None):
+        if graph_def.library.function or graph._device_functions_outer_to_inner:  # pylint: disable=protected-access
+            return dict(zip(names, tf.graph_util.import_graph_def(
+                graph_def, input_map=input_map, return_elements=names, name="")))
+        new_ops = _import_in_cpp(graph, serialized, input_map)
+    return {name: new_ops[name] for name in names}
+
+
+def _import_in_cpp(graph: tf.Graph, serialized_graph_def: bytes,
+                   input_map: Dict[str, tf.Tensor]) -> Dict[str, tf.Operation]:
+    """The C++ import, then a Python `Operation` for each new op, by name."""
+    options = c_api_util.ScopedTFImportGraphDefOptions()
+    c_api.TF_ImportGraphDefOptionsSetPrefix(options.options, "")
+    # A batch reserves its names: a clash is an error, never a renamed op.
+    c_api.TF_ImportGraphDefOptionsSetUniquifyNames(options.options, False)
+    for key, t in input_map.items():
+        name, _, index = key.partition(":")
+        c_api.TF_ImportGraphDefOptionsAddInputMapping(
+            options.options, name, int(index or 0),
+            t._as_tf_output())  # pylint: disable=protected-access
+    buffer = c_api.TF_NewBufferFromString(serialized_graph_def)
+    try:
+        with graph._mutation_lock():  # pylint: disable=protected-access
+            with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
+                c_api_util.ScopedTFImportGraphDefResults(
+                    c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer,
+                                                            options.options))
+            new_ops = graph._add_new_tf_operations(compute_devices=False)  # pylint: disable=protected-access
+    except tf.errors.InvalidArgumentError as e:
+        raise ValueError(str(e)) from e
+    finally:
+        c_api.TF_DeleteBuffer(buffer)
+    return {op.name: op for op in new_ops}
+
+
+# (build_fn, input signature) -> (scratch GraphDef, output names) of
+# `python_ops(..., reusable=True)`, built under _REUSABLE_SCOPE.
+_REUSABLE: Dict[tuple, Tuple[graph_pb2.GraphDef, List[str]]] = {}
+_REUSABLE_SCOPE = "qat_reusable_scope"
+
+
+def _scratch_ops(scope: str, signature: Sequence[Tuple[tf.DType, tf.TensorShape]],
+                 build_fn: Callable[..., Sequence[tf.Tensor]]
+                 ) -> Tuple[graph_pb2.GraphDef, List[str]]:
+    """`build_fn` on stand-ins `<_SCRATCH_INPUT><k>`, in a scratch graph.
+
+    Returns:
+      The scratch graph's GraphDef (stand-ins included) and the names
+      (`name:<i>`) of the tensors `build_fn` returned.
+    """
+    stand_in_def = _graph_def()
+    for k, (dtype, shape) in enumerate(signature):
+        _add_stand_in(stand_in_def, "%s%d" % (_SCRATCH_INPUT, k), dtype, shape)
+    scratch = tf.Graph()
+    with scratch.as_default():
+        stand_ins = tf.graph_util.import_graph_def(
+            stand_in_def, name="",
+            return_elements=["%s%d:0" % (_SCRATCH_INPUT, k) for k in range(len(signature))])
+        with tf.name_scope(scope + "/"):
+            outputs = list(build_fn(*stand_ins))
+    return (scratch.as_graph_def(),
+            ["%s:%d" % (t.op.name, t.value_index) for t in outputs])
+
+
+def _rescoped(name: str, old: str, new: str) -> str:
+    """`name` with its leading scope `old` replaced by `new`."""
+    if name == old or name.startswith(old + "/") or name.startswith(old + ":"):
+        return new + name[len(old):]
+    return name
 
 
 # graph -> (ops seen, the lower-cased names and scopes of those ops).
@@ -152,9 +246,19 @@ class NodeBatch(object):
         self._shared: Dict[tuple, str] = {}
         self._reserved: Set[str] = set()
         self._used: Optional[Set[str]] = None
+        self._serialized_bytes = b""
+        self._serialized_for: Optional[tuple] = None
 
     def __len__(self) -> int:
         return len(self._nodes)
+
+    def _serialized(self) -> bytes:
+        """The batch's GraphDef serialized (once for `check` and `build`)."""
+        key = (len(self._nodes), len(self._gdef.library.function))
+        if self._serialized_for != key:
+            self._serialized_bytes = self._gdef.SerializeToString()
+            self._serialized_for = key
+        return self._serialized_bytes
 
     @property
     def graph(self) -> tf.Graph:
@@ -223,7 +327,7 @@ class NodeBatch(object):
         node.input.extend(inputs)
         node.input.extend("^" + c for c in control)
         if device:
-            node.device = device
+            node.device = _canonical_device(device)
         attrs.setdefault(marks.ATTR, self._mark)
         _no_colocation(node)
         for key, value in attrs.items():
@@ -272,7 +376,8 @@ class NodeBatch(object):
 
     def python_ops(self, scope: str, inputs: Sequence[Input],
                    build_fn: Callable[..., Sequence[tf.Tensor]],
-                   device: str = "", mark: Optional[str] = None) -> List[str]:
+                   device: str = "", mark: Optional[str] = None,
+                   reusable: bool = False) -> List[str]:
         """Ops built with TensorFlow's Python constructors, added with the batch.
 
         `build_fn` runs in a scratch graph, under the name scope `scope`
@@ -286,55 +391,68 @@ class NodeBatch(object):
           build_fn: called with one stand-in per input; returns tensors.
           device: the device string of the new ops.
           mark: their `qat.engine.marks` role (default: the batch's).
+          reusable: `build_fn` depends on nothing but its inputs' dtypes and
+            shapes (a module-level function): its ops are built once per
+            process for each input signature and copied after that, which
+            saves the Python constructors' cost.
 
         Returns:
           The names (`name:<i>`) of the tensors `build_fn` returned.
         """
         scope = self.unique_name(scope)
         mark = (mark or self._mark).encode()
-        scratch = tf.Graph()
         refs = {}
-        stand_in_def = _graph_def()
+        signature = []
         for k, item in enumerate(inputs):
             name = "%s%d" % (_SCRATCH_INPUT, k)
             if isinstance(item, tf.Tensor):
-                _add_stand_in(stand_in_def, name, item.dtype, item.shape)
+                signature.append((item.dtype, tf.TensorShape(item.shape)))
                 refs[name] = self.external(item)
             else:
                 ref, dtype, shape = item
-                _add_stand_in(stand_in_def, name, dtype, tf.TensorShape(shape))
+                signature.append((dtype, tf.TensorShape(shape)))
                 refs[name] = ref if ":" in ref else ref + ":0"
-        with scratch.as_default():
-            stand_ins = tf.graph_util.import_graph_def(
-                stand_in_def, return_elements=[n + ":0" for n in refs], name="")
-            with tf.name_scope(scope + "/"):
-                outputs = list(build_fn(*stand_ins))
-        graph_def = scratch.as_graph_def()
+        if reusable:
+            key = (build_fn, tuple((d, tuple(sh.as_list()) if sh.rank is not None else None)
+                                   for d, sh in signature))
+            if key not in _REUSABLE:
+                _REUSABLE[key] = _scratch_ops(_REUSABLE_SCOPE, signature, build_fn)
+            graph_def, outputs = _REUSABLE[key]
+            rename = lambda name: _rescoped(name, _REUSABLE_SCOPE, scope)
+        else:
+            graph_def, outputs = _scratch_ops(scope, signature, build_fn)
+            rename = lambda name: name
         known = {f.signature.name for f in self._gdef.library.function}
         for function in graph_def.library.function:
             if function.signature.name not in known:
                 self._gdef.library.function.add().CopyFrom(function)
-        for node in graph_def.node:
-            if node.name in refs:
+        for scratch_node in graph_def.node:
+            if scratch_node.name in refs:
                 continue
+            node = self._gdef.node.add()
+            node.CopyFrom(scratch_node)
+            node.name = rename(node.name)
             for i, name in enumerate(node.input):
-                if name.startswith("^"):
-                    if name[1:] in refs:
-                        node.input[i] = "^" + refs[name[1:]].partition(":")[0]
-                    continue
-                op_name, _, index = name.partition(":")
+                control = name.startswith("^")
+                op_name, _, index = name.lstrip("^").partition(":")
                 if op_name in refs:
+                    if control:
+                        node.input[i] = "^" + refs[op_name].partition(":")[0]
+                        continue
                     if index not in ("", "0"):
                         raise ValueError(f"Stand-in {op_name} has one output.")
                     node.input[i] = refs[op_name]
+                else:
+                    node.input[i] = rename(name.lstrip("^"))
+                    if control:
+                        node.input[i] = "^" + node.input[i]
             if device:
-                node.device = device
+                node.device = _canonical_device(device)
             if marks.ATTR not in node.attr:
                 node.attr[marks.ATTR].s = mark
             _no_colocation(node)
-            self._gdef.node.add().CopyFrom(node)
             self._nodes.append(node.name)
-        return ["%s:%d" % (t.op.name, t.value_index) for t in outputs]
+        return [rename(name) for name in outputs]
 
     def check(self, outputs: Sequence[str] = ()) -> Dict[str, tf.Tensor]:
         """Imports the nodes into an empty scratch graph, changing nothing.
@@ -355,10 +473,11 @@ class NodeBatch(object):
         graph_def = _graph_def()
         for name, t in self._ext.items():
             _add_stand_in(graph_def, name[:-len(":0")], t.dtype, t.shape)
-        graph_def.node.extend(self._gdef.node)
-        graph_def.library.CopyFrom(self._gdef.library)
         refs = [r if ":" in r else r + ":0" for r in outputs]
-        found = _import_checked(tf.Graph(), graph_def, refs)
+        # Serialized GraphDefs concatenate into their merge: the stand-ins
+        # and the batch's nodes, without copying the nodes.
+        found = _import_checked(tf.Graph(), graph_def.SerializeToString() + self._serialized(),
+                                refs)
         return {ref: found[full] for ref, full in zip(outputs, refs)}
 
     def build(self) -> Dict[str, tf.Operation]:
@@ -375,14 +494,11 @@ class NodeBatch(object):
         if not self._nodes:
             return {}
         graph = self._graph
-        with graph.as_default(), graph.control_dependencies(None):
-            ops = tf.graph_util.import_graph_def(
-                self._gdef, input_map=self._ext, return_elements=self._nodes,
-                name="")
+        ops = _import(graph, self._gdef, self._serialized(), self._ext, self._nodes)
         for name in self._reserved.union(n.lower() for n in self._nodes):
             if graph.unique_name(name, mark_as_used=False) == name:
                 graph.unique_name(name, mark_as_used=True)
-        return dict(zip(self._nodes, ops))
+        return ops
 
     def tensor(self, ops: Dict[str, tf.Operation], ref: Optional[str]) -> Optional[tf.Tensor]:
         """The tensor `ref` (`name` or `name:<i>`) after `build`."""

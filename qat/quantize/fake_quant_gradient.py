@@ -60,15 +60,15 @@ def nudged_range(min_value: tf.Tensor, max_value: tf.Tensor, quant_min,
     Args:
       min_value: min, a float32 scalar or vector.
       max_value: max, same shape.
-      quant_min: the grid's lower end (`quant_bounds`), a float or a float32
-        array broadcastable to min_value.
+      quant_min: the grid's lower end (`quant_bounds`): a float, or a float32
+        array or tensor broadcastable to min_value.
       quant_max: the grid's upper end, likewise.
 
     Returns:
       (nudged_min, nudged_max), shaped like the inputs.
     """
-    quant_min = tf.constant(quant_min, tf.float32)
-    quant_max = tf.constant(quant_max, tf.float32)
+    quant_min = tf.convert_to_tensor(quant_min, tf.float32)
+    quant_max = tf.convert_to_tensor(quant_max, tf.float32)
     # DivNoNan divides exactly like RealDiv here (the divisor is not 0), but
     # Grappler's constant folding does not turn it into a multiplication by
     # the rounded reciprocal, as it does for a division by a constant.
@@ -88,6 +88,12 @@ def nudged_range(min_value: tf.Tensor, max_value: tf.Tensor, quant_min,
             tf.where(both_zero, np.inf, nudged_max))
 
 
+def _nudged_range_vectors(min_values: tf.Tensor, max_values: tf.Tensor,
+                          quant_min: tf.Tensor, quant_max: tf.Tensor):
+    """`nudged_range` of vectors of ranges (built once per process)."""
+    return nudged_range(min_values, max_values, quant_min, quant_max)
+
+
 def add_nudged_ranges(rewrite, fake_quants: Sequence[tuple], scope: str) -> None:
     """Computes the nudged ranges of per-tensor FakeQuant ops as two vectors.
 
@@ -103,29 +109,37 @@ def add_nudged_ranges(rewrite, fake_quants: Sequence[tuple], scope: str) -> None
     """
     if not fake_quants:
         return
+    nodes = rewrite.nodes
+    count = len(fake_quants)
     bounds = np.array([quant_bounds(num_bits, narrow)
                        for _, _, _, num_bits, narrow in fake_quants], np.float32)
-    count = len(fake_quants)
 
-    def scalar(ref):
-        return ref if isinstance(ref, tf.Tensor) else (ref, tf.float32, [])
+    def ref(x):
+        return nodes.external(x) if isinstance(x, tf.Tensor) else x
 
-    inputs = ([scalar(lo) for _, lo, _, _, _ in fake_quants]
-              + [scalar(hi) for _, _, hi, _, _ in fake_quants])
+    def vector(name, values, dtype=tf.float32):
+        return (nodes.node(nodes.unique_name(scope + "/" + name), "Pack",
+                           [ref(v) for v in values], N=count, T=dtype, axis=0)
+                + ":0", dtype, [None])
 
-    def build(*ranges):
-        lo, hi = nudged_range(tf.stack(ranges[:count]), tf.stack(ranges[count:]),
-                              bounds[:, 0], bounds[:, 1])
-        return tf.unstack(lo) + tf.unstack(hi)
-
-    refs = rewrite.nodes.python_ops(scope, inputs, build)
+    vectors = [vector("min", [lo for _, lo, _, _, _ in fake_quants]),
+               vector("max", [hi for _, _, hi, _, _ in fake_quants])]
+    for k, name in enumerate(("quant_min", "quant_max")):
+        vectors.append((nodes.const(nodes.unique_name(scope + "/" + name),
+                                    bounds[:, k], tf.float32) + ":0",
+                        tf.float32, [None]))
+    nudged = nodes.python_ops(scope, vectors, _nudged_range_vectors, reusable=True)
+    refs = []
+    for name, vec in zip(("nudged_min", "nudged_max"), nudged):
+        unstack = nodes.node(nodes.unique_name(scope + "/" + name), "Unpack",
+                             [vec], num=count, T=tf.float32, axis=0)
+        refs.append(["%s:%d" % (unstack, k) for k in range(count)])
 
     def register(ops):
         known = _NUDGED_RANGES.setdefault(rewrite.graph, {})
         for k, (fake_quant, lo, hi, _, _) in enumerate(fake_quants):
             op = fake_quant if isinstance(fake_quant, tf.Operation) else ops[fake_quant]
-            pair = (rewrite.nodes.tensor(ops, refs[k]),
-                    rewrite.nodes.tensor(ops, refs[count + k]))
+            pair = (nodes.tensor(ops, refs[0][k]), nodes.tensor(ops, refs[1][k]))
             known[op.name] = ((op.inputs[1], op.inputs[2]), pair)
 
     rewrite.after_import(register)

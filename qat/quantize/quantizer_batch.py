@@ -322,8 +322,9 @@ class QuantizerBatch(object):
         return new_lo, new_hi
 
     def _ema(self, scope, var, value, rate):
-        read = self._var_node(scope + "/ReadVariableOp", "ReadVariableOp",
-                              [var], dtype=_FLOAT)
+        # The variable's snapshot read is the value before the update: the
+        # update's data dependency on it orders the two.
+        read = var + "/Read/ReadVariableOp"
         sub = self._node(scope + "/sub", "Sub", [read, value], T=_FLOAT)
         delta = self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
         assign = self._var_node(scope + "/AssignSubVariableOp",
