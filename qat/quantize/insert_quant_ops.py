@@ -195,7 +195,9 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     """
     record = quantize_record(config)
     done = preconditions.check_previous_rewrite(graph, "quantize", record)
-    planner = Planner(graph, config.is_training, config.scope, config.per_channel)
+    planner = Planner(graph, config.is_training, config.scope,
+                      config.conv_weights_per_channel(),
+                      per_channel_matmul=config.matmul_weights_per_channel())
     plans = planner.run()
     left_float = [LeftFloat(name, reason)
                   for name, reason in getattr(planner, "left_float", [])]
@@ -235,7 +237,8 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
         out = bn.outputs[0]
         x = bn.inputs[0]
         x_ref = (quantized[x], x.dtype, x.shape) if x in quantized else None
-        new = standalone_batch_norm.add_depthwise(rewrite, bn, config.per_channel, x_ref)
+        new = standalone_batch_norm.add_depthwise(
+            rewrite, bn, config.conv_weights_per_channel(), x_ref)
         if new is None:
             continue
         rerouted = set()

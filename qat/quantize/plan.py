@@ -65,11 +65,15 @@ class Plan:
 class Planner(plan_graph.GraphView):
     """Plans the quantizers of one graph without changing it."""
 
-    def __init__(self, graph, is_training, scope, per_channel):
+    def __init__(self, graph, is_training, scope, per_channel,
+                 per_channel_matmul=None):
         super().__init__(graph)
         self.is_training = is_training
         self.scope = scope
         self.per_channel = per_channel
+        # Matmul weights per channel too (default: as `per_channel`).
+        self.per_channel_matmul = (per_channel if per_channel_matmul is None
+                                   else per_channel_matmul)
         self.plans: "collections.OrderedDict[tf.Tensor, Plan]" = (
             collections.OrderedDict())
         self.prefixes: Set[str] = set()
@@ -233,7 +237,8 @@ class Planner(plan_graph.GraphView):
         per_channel = (self.per_channel and w.shape.rank in (2, 4)
                        and layer.type not in qp.TRANSPOSED_CONV_TYPES
                        and not (layer.type == "MatMul"
-                                and layer.get_attr("transpose_b")))
+                                and (layer.get_attr("transpose_b")
+                                     or not self.per_channel_matmul)))
         if self._plan(w, _context(layer), "weights_quant", -6.0, sharing,
                       is_weight=True, per_channel=per_channel):
             self.weight_plans[key] = self.plans[w]
