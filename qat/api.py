@@ -134,8 +134,8 @@ def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
     Use the same `weight_bits`, `activation_bits`, `symmetric`,
     `symmetric_weights`, `per_channel_weights` and `scope` as for the
     training graph: the eval FakeQuant ops read the ranges training learnt
-    (a per-channel range does not restore into a per-tensor one: the
-    checkpoint restore fails on its shape).
+    (a per-channel checkpoint restored into a per-tensor eval graph, or the
+    reverse, makes the weight FakeQuant ops fail at the first run).
 
     Args:
       input_graph: the graph to rewrite; the default graph when None.

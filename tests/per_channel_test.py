@@ -40,7 +40,11 @@ _KERNEL_AXES = {"CONV_2D": 0, "DEPTHWISE_CONV_2D": 3}
 
 
 def _model(x, training):
-    """conv -> BN -> ReLU -> depthwise x1 -> ReLU6 -> depthwise x2 -> ReLU6 -> dense."""
+    """conv -> BN -> ReLU -> depthwise x1 -> ReLU6 -> depthwise x2 -> BN -> ReLU6 -> dense.
+
+    The batch norm after the depthwise conv is folded into its weights (in
+    training graphs the conv reads them through the fold's unscale Mul).
+    """
     net = tf1.layers.conv2d(x, 6, 3, padding="same", use_bias=False, name="conv")
     net = tf.nn.relu(tf1.layers.batch_normalization(
         net, training=training, momentum=0.5, name="bn"))
@@ -48,10 +52,16 @@ def _model(x, training):
         with tf1.variable_scope(name):
             kernel = tf1.get_variable("depthwise_kernel",
                                       [3, 3, net.shape[-1], multiplier])
-            bias = tf1.get_variable("bias", [net.shape[-1] * multiplier],
-                                    initializer=tf1.constant_initializer(0.05))
             net = tf.nn.depthwise_conv2d(net, kernel, [1, 1, 1, 1], "SAME")
-            net = tf.nn.relu6(tf.nn.bias_add(net, bias))
+            if multiplier == 1:
+                bias = tf1.get_variable("bias", [net.shape[-1]],
+                                        initializer=tf1.constant_initializer(0.05))
+                net = tf.nn.bias_add(net, bias)
+            else:
+                net = tf1.layers.batch_normalization(
+                    net, training=training, momentum=0.5, name="bn",
+                    gamma_initializer=tf1.random_uniform_initializer(0.5, 1.5))
+            net = tf.nn.relu6(net)
     logits = tf1.layers.dense(tf1.layers.flatten(net), 5, name="logits")
     return tf.identity(logits, name="output")
 

@@ -47,8 +47,8 @@ __all__ = [
     "FloatOp", "FloatOpError", "GraphLoadError", "ModelReport", "NonFiniteError",
     "ParityError", "ParityReport",
     "TensorNameError", "check_finite", "check_flavour", "check_fully_integer", "check_parity",
-    "check_runnable", "check_tensor_names", "checkpoint_prefix", "compare_outputs", "convert_frozen_graph",
-    "describe_model", "export_tflite", "find_float_ops", "freeze_graph_file", "freeze_session",
-    "input_range_from_fake_quant", "load_graph_file", "parity_failures", "per_channel_fake_quants",
-    "quantized_input_stats", "run_graph", "run_tflite", "write_model",
+    "check_runnable", "check_tensor_names", "checkpoint_prefix", "compare_outputs",
+    "convert_frozen_graph", "describe_model", "export_tflite", "find_float_ops",
+    "freeze_graph_file", "freeze_session", "input_range_from_fake_quant", "load_graph_file",
+    "parity_failures", "per_channel_fake_quants", "quantized_input_stats", "run_graph", "run_tflite", "write_model",
 ]

@@ -65,13 +65,25 @@ def input_range_from_fake_quant(graph_def: tf.compat.v1.GraphDef, input_name: st
 
 
 def per_channel_fake_quants(graph_def: tf.compat.v1.GraphDef) -> List[str]:
-    """Names of the per-channel FakeQuant ops of `graph_def`, in graph order."""
+    """Names of the per-channel FakeQuant ops of `graph_def`, in graph order.
+
+    Args:
+      graph_def: a (frozen) eval graph.
+
+    Returns:
+      The node names (`<prefix>/FakeQuantWithMinMaxVars`, contrib's name,
+      of type FakeQuantWithMinMaxVarsPerChannel).
+    """
     return [node.name for node in graph_def.node
             if node.op == "FakeQuantWithMinMaxVarsPerChannel"]
 
 
 def check_flavour(graph_def: tf.compat.v1.GraphDef, flavour: str) -> None:
     """Refuses a flavour the graph's ranges cannot give, before converting.
+
+    Args:
+      graph_def: the (frozen) eval graph to convert.
+      flavour: "uint8" or "int8".
 
     Raises:
       ExportError: an unknown flavour, or "uint8" for a graph with

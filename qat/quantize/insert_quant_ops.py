@@ -99,8 +99,7 @@ def _spec(plan: Plan, config: config_lib.RewriteConfig,
     t = plan.tensor
     layers = plan.consumers + plan.weight_sharers
     reshape = None
-    if (plan.is_weight and plan.per_channel and t.shape.rank == 4
-            and any(c.type == "DepthwiseConv2dNative" for c in plan.consumers)):
+    if plan.is_weight and plan.per_channel and plan.depthwise and t.shape.rank == 4:
         # Depthwise filters [h, w, in, mult]: one range per output channel
         # (in * mult), the last axis of TFLite's layout.
         h, w, cin, mult = t.shape.as_list()

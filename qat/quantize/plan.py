@@ -57,6 +57,9 @@ class Plan:
     init_min: float
     consumers: List[tf.Operation]  # Ops whose inputs are rerouted.
     per_channel: bool = False
+    # Weights of a depthwise conv (read directly, or through the training
+    # fold's unscale Mul): per channel means per `in * multiplier`.
+    depthwise: bool = False
     # Layer ops reading the same weights through another read of the same
     # resource variable: their input 1 is set to the quantized weights.
     weight_sharers: List[tf.Operation] = dataclasses.field(default_factory=list)
@@ -241,6 +244,7 @@ class Planner(plan_graph.GraphView):
                                      or not self.per_channel_matmul)))
         if self._plan(w, _context(layer), "weights_quant", -6.0, sharing,
                       is_weight=True, per_channel=per_channel):
+            self.plans[w].depthwise = layer.type == "DepthwiseConv2dNative"
             self.weight_plans[key] = self.plans[w]
 
     # --- Layers -------------------------------------------------------------
