@@ -107,7 +107,8 @@ def _tempdir():
 
 
 def _weight_quantization(model):
-    """{op name: (op, weight tensor details)} of the layers of a .tflite model."""
+    """[(builtin name, weight tensor details, bias tensor details)] of the
+    CONV_2D, DEPTHWISE_CONV_2D and FULLY_CONNECTED ops of a .tflite model."""
     from ai_edge_litert import interpreter as litert  # pylint: disable=g-import-not-at-top
     interp = litert.Interpreter(model_content=model)
     tensors = {t["index"]: t for t in interp.get_tensor_details()}
@@ -223,9 +224,12 @@ class Int8ExportTest(parameterized.TestCase):
 
     def _check_int8_model(self, model):
         layers = _weight_quantization(model)
-        self.assertCountEqual([name for name, _, _ in layers],
-                              ["CONV_2D", "DEPTHWISE_CONV_2D", "DEPTHWISE_CONV_2D",
-                               "FULLY_CONNECTED"])
+        # One scale per output channel: 6 for the conv, 6 x 1 and 6 x 2 for
+        # the depthwise convs; one for the dense layer.
+        self.assertCountEqual(
+            [(name, len(w["quantization_parameters"]["scales"])) for name, w, _ in layers],
+            [("CONV_2D", 6), ("DEPTHWISE_CONV_2D", 6), ("DEPTHWISE_CONV_2D", 12),
+             ("FULLY_CONNECTED", 1)])
         for name, weights, bias in layers:
             params = weights["quantization_parameters"]
             self.assertEqual(weights["dtype"], np.int8, name)
