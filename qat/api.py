@@ -76,11 +76,13 @@ def experimental_create_training_graph(input_graph: Optional[tf.Graph] = None,
                                        quant_delay: int = 0,
                                        freeze_bn_delay: Optional[int] = None,
                                        scope: Optional[str] = None,
-                                       symmetric_weights: bool = False) -> None:
+                                       symmetric_weights: bool = False,
+                                       per_channel_weights: bool = False) -> None:
     """`create_training_graph` with bit widths, symmetry, delays and scope.
 
     For an int8 TFLite model (`optimizations=[tf.lite.Optimize.DEFAULT]`),
-    pass `symmetric_weights=True` here and to
+    pass `per_channel_weights=True` (TFLite int8's own scheme) or
+    `symmetric_weights=True` (one range per weight tensor) here and to
     `experimental_create_eval_graph`: the int8 kernels refuse weights whose
     zero point is not 0, which asymmetric weight ranges give.
 
@@ -95,18 +97,28 @@ def experimental_create_training_graph(input_graph: Optional[tf.Graph] = None,
       scope: only layers whose op names start with it are quantized.
       symmetric_weights: symmetric narrow-range weights (int8 zero point 0,
         what int8 TFLite needs) while activations follow `symmetric`.
+      per_channel_weights: TFLite int8's own scheme: symmetric narrow-range
+        weights (zero point 0) with one range per output channel for
+        convolutions and depthwise convolutions (the range variables
+        `<layer>/weights_quant/min|max` are vectors of the output
+        channels), one range for matmuls (TFLite's FULLY_CONNECTED weights
+        are per-tensor) and transposed convolutions; activations follow
+        `symmetric`. Exports to int8 only (TFLite's uint8 kernels take no
+        per-channel weights).
 
     Raises:
       RuntimeError: in eager mode without a graph, or for a finalized graph.
-      ValueError: for bad bit widths or delays, or optimizer ops in the graph.
-      TypeError: for a scope that is not a string or a symmetric_weights
-        that is not a bool.
+      ValueError: for bad bit widths or delays, optimizer ops in the graph,
+        or a graph qat already rewrote with other settings.
+      TypeError: for a scope that is not a string, or a symmetric_weights or
+        per_channel_weights that is not a bool.
     """
     _create_graph(input_graph, "experimental_create_training_graph",
                   is_training=True, weight_bits=weight_bits,
                   activation_bits=activation_bits, symmetric=symmetric,
                   quant_delay=quant_delay, freeze_bn_delay=freeze_bn_delay,
-                  scope=scope, symmetric_weights=symmetric_weights)
+                  scope=scope, symmetric_weights=symmetric_weights,
+                  per_channel_weights=per_channel_weights)
 
 
 def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
@@ -115,12 +127,15 @@ def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
                                    symmetric: bool = False,
                                    quant_delay: Optional[int] = None,
                                    scope: Optional[str] = None,
-                                   symmetric_weights: bool = False) -> None:
+                                   symmetric_weights: bool = False,
+                                   per_channel_weights: bool = False) -> None:
     """`create_eval_graph` with bit widths, symmetry and scope.
 
     Use the same `weight_bits`, `activation_bits`, `symmetric`,
-    `symmetric_weights` and `scope` as for the training graph: the eval
-    FakeQuant ops read the ranges training learnt.
+    `symmetric_weights`, `per_channel_weights` and `scope` as for the
+    training graph: the eval FakeQuant ops read the ranges training learnt
+    (a per-channel checkpoint restored into a per-tensor eval graph, or the
+    reverse, makes the weight FakeQuant ops fail at the first run).
 
     Args:
       input_graph: the graph to rewrite; the default graph when None.
@@ -133,18 +148,22 @@ def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
       scope: only layers whose op names start with it are quantized.
       symmetric_weights: symmetric narrow-range weights (int8 zero point 0)
         while activations follow `symmetric`.
+      per_channel_weights: TFLite int8's own scheme, as in
+        `experimental_create_training_graph`.
 
     Raises:
       RuntimeError: in eager mode without a graph, or for a finalized graph.
-      ValueError: for bad bit widths, or optimizer ops in the graph.
-      TypeError: for a scope that is not a string or a symmetric_weights
-        that is not a bool.
+      ValueError: for bad bit widths, optimizer ops in the graph, or a graph
+        qat already rewrote with other settings (e.g. its training rewrite).
+      TypeError: for a scope that is not a string, or a symmetric_weights or
+        per_channel_weights that is not a bool.
     """
     _create_graph(input_graph, "experimental_create_eval_graph",
                   is_training=False, weight_bits=weight_bits,
                   activation_bits=activation_bits, symmetric=symmetric,
                   quant_delay=quant_delay, scope=scope,
-                  symmetric_weights=symmetric_weights)
+                  symmetric_weights=symmetric_weights,
+                  per_channel_weights=per_channel_weights)
 
 
 fold_batch_norms = fold_lib.fold_batch_norms

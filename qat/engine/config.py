@@ -46,7 +46,14 @@ class RewriteConfig:
       symmetric: symmetric ranges for weights and activations.
       symmetric_weights: symmetric narrow-range weights (int8 zero point 0)
         while activations follow `symmetric`.
-      per_channel: one weight range per output channel.
+      per_channel: one weight range per output channel, for every layer
+        (matmuls included).
+      per_channel_weights: TFLite int8's own weight scheme: symmetric
+        narrow-range weights (zero point 0), one range per output channel
+        for convolutions and depthwise convolutions, one range for matmuls
+        (TFLite's FULLY_CONNECTED weights are per-tensor) and transposed
+        convolutions. Implies symmetric weights; activations follow
+        `symmetric`.
       ema_decay: decay of the activation range moving averages, in [0, 1].
       quant_delay: steps before FakeQuant outputs are used; None or 0: none.
       freeze_bn_delay: steps after which batch norms use moving statistics;
@@ -65,6 +72,7 @@ class RewriteConfig:
     symmetric: bool = False
     symmetric_weights: bool = False
     per_channel: bool = False
+    per_channel_weights: bool = False
     ema_decay: float = 0.999
     quant_delay: Optional[int] = None
     freeze_bn_delay: Optional[int] = None
@@ -72,7 +80,8 @@ class RewriteConfig:
     vars_collection: Optional[str] = tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES
 
     def __post_init__(self):
-        for name in ("is_training", "symmetric", "symmetric_weights", "per_channel"):
+        for name in ("is_training", "symmetric", "symmetric_weights", "per_channel",
+                     "per_channel_weights"):
             _check_bool(getattr(self, name), name)
         check_bits(self.weight_bits, "weight_bits")
         check_bits(self.activation_bits, "activation_bits")
@@ -88,7 +97,15 @@ class RewriteConfig:
                                 f"{type(value).__name__}.")
 
     def weights_symmetric(self) -> bool:
-        return self.symmetric or self.symmetric_weights
+        return self.symmetric or self.symmetric_weights or self.per_channel_weights
+
+    def conv_weights_per_channel(self) -> bool:
+        """One range per output channel for conv and depthwise weights."""
+        return self.per_channel or self.per_channel_weights
+
+    def matmul_weights_per_channel(self) -> bool:
+        """One range per output channel for matmul weights too."""
+        return self.per_channel
 
     def describe(self) -> str:
         """A one-line summary, as recorded in the graph and quoted in errors."""

@@ -7,8 +7,10 @@
   pipeline -> export_tflite: all of the above in one call
 """
 from qat.export.convert import FLAVOURS
+from qat.export.convert import check_flavour
 from qat.export.convert import convert_frozen_graph
 from qat.export.convert import input_range_from_fake_quant
+from qat.export.convert import per_channel_fake_quants
 from qat.export.convert import quantized_input_stats
 from qat.export.convert import write_model
 from qat.export.errors import CheckpointError
@@ -44,9 +46,9 @@ __all__ = [
     "FLAVOURS", "CheckpointError", "ConversionError", "ExportError", "ExportedModel",
     "FloatOp", "FloatOpError", "GraphLoadError", "ModelReport", "NonFiniteError",
     "ParityError", "ParityReport",
-    "TensorNameError", "check_finite", "check_fully_integer", "check_parity", "check_runnable",
-    "check_tensor_names", "checkpoint_prefix", "compare_outputs", "convert_frozen_graph",
-    "describe_model", "export_tflite", "find_float_ops", "freeze_graph_file", "freeze_session",
-    "input_range_from_fake_quant", "load_graph_file", "parity_failures",
-    "quantized_input_stats", "run_graph", "run_tflite", "write_model",
+    "TensorNameError", "check_finite", "check_flavour", "check_fully_integer", "check_parity",
+    "check_runnable", "check_tensor_names", "checkpoint_prefix", "compare_outputs",
+    "convert_frozen_graph", "describe_model", "export_tflite", "find_float_ops",
+    "freeze_graph_file", "freeze_session", "input_range_from_fake_quant", "load_graph_file",
+    "parity_failures", "per_channel_fake_quants", "quantized_input_stats", "run_graph", "run_tflite", "write_model",
 ]

@@ -5,9 +5,11 @@ Two flavours, both from the FakeQuant ranges trained by qat:
     `quantized_input_stats`; uint8 input and output tensors.
   * "int8": `optimizations=[tf.lite.Optimize.DEFAULT]` with int8 kernels; float
     input/output (QUANTIZE/DEQUANTIZE at the edges) unless `int8_io=True`.
+    Per-channel weight ranges (`per_channel_weights=True`) give per-channel
+    int8 kernels; they have no uint8 form, which `check_flavour` refuses.
 """
 import os
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -62,6 +64,48 @@ def input_range_from_fake_quant(graph_def: tf.compat.v1.GraphDef, input_name: st
     return None
 
 
+def per_channel_fake_quants(graph_def: tf.compat.v1.GraphDef) -> List[str]:
+    """Names of the per-channel FakeQuant ops of `graph_def`, in graph order.
+
+    Args:
+      graph_def: a (frozen) eval graph.
+
+    Returns:
+      The node names (`<prefix>/FakeQuantWithMinMaxVars`, contrib's name,
+      of type FakeQuantWithMinMaxVarsPerChannel).
+    """
+    return [node.name for node in graph_def.node
+            if node.op == "FakeQuantWithMinMaxVarsPerChannel"]
+
+
+def check_flavour(graph_def: tf.compat.v1.GraphDef, flavour: str) -> None:
+    """Refuses a flavour the graph's ranges cannot give, before converting.
+
+    Args:
+      graph_def: the (frozen) eval graph to convert.
+      flavour: "uint8" or "int8".
+
+    Raises:
+      ExportError: an unknown flavour, or "uint8" for a graph with
+        per-channel weight ranges (TFLite's uint8 kernels take per-tensor
+        weights only: the converter writes the model, the runtime refuses it).
+    """
+    if flavour not in FLAVOURS:
+        raise ExportError(f"unknown flavour {flavour!r}: use one of {FLAVOURS}")
+    if flavour != "uint8":
+        return
+    per_channel = per_channel_fake_quants(graph_def)
+    if per_channel:
+        shown = ", ".join(repr(name) for name in per_channel[:3])
+        more = f" and {len(per_channel) - 3} more" if len(per_channel) > 3 else ""
+        raise ExportError(
+            f"uint8 export refused: the graph has per-channel weight ranges ({shown}{more}), "
+            "and TFLite's uint8 kernels take one range per weight tensor only. Export int8 "
+            "(flavours=('int8',); CLI --flavour=int8), the flavour per_channel_weights=True "
+            "is meant for, or build the training and eval graphs without per_channel_weights "
+            "(e.g. symmetric_weights=True) for a uint8 model.")
+
+
 def quantized_input_stats(input_range: Tuple[float, float], flavour: str
                           ) -> Tuple[float, float]:
     """Converts a real input range to the converter's (mean, std_dev).
@@ -109,13 +153,13 @@ def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
 
     Raises:
       TensorNameError: a name is not in the graph.
-      ExportError: an input has no range, or the flavour is unknown.
+      ExportError: an input has no range, the flavour is unknown, or uint8
+        is asked of a graph with per-channel weight ranges.
       NonFiniteError: a weight or range is NaN/Inf (checked before the
         converter runs, which does not check them).
       ConversionError: the converter failed (its message is included).
     """
-    if flavour not in FLAVOURS:
-        raise ExportError(f"unknown flavour {flavour!r}: use one of {FLAVOURS}")
+    check_flavour(graph_def, flavour)
     check_tensor_names(graph_def, input_names, "input")
     check_tensor_names(graph_def, output_names, "output")
     check_finite(graph_def)

@@ -90,6 +90,8 @@ def export_tflite(input_names: Sequence[str],
         freeze.check_tensor_names(frozen_graph_def, output_names, "output")
         frozen = source = frozen_graph_def
     freeze.check_tensor_names(frozen, input_names, "input")
+    for flavour in flavours:  # uint8 of per-channel weights: refused before any file.
+        convert.check_flavour(frozen, flavour)
     results = {}
     for flavour in flavours:
         start = time.perf_counter()

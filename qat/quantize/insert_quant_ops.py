@@ -99,8 +99,7 @@ def _spec(plan: Plan, config: config_lib.RewriteConfig,
     t = plan.tensor
     layers = plan.consumers + plan.weight_sharers
     reshape = None
-    if (plan.is_weight and plan.per_channel and t.shape.rank == 4
-            and any(c.type == "DepthwiseConv2dNative" for c in plan.consumers)):
+    if plan.is_weight and plan.per_channel and plan.depthwise and t.shape.rank == 4:
         # Depthwise filters [h, w, in, mult]: one range per output channel
         # (in * mult), the last axis of TFLite's layout.
         h, w, cin, mult = t.shape.as_list()
@@ -195,7 +194,9 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     """
     record = quantize_record(config)
     done = preconditions.check_previous_rewrite(graph, "quantize", record)
-    planner = Planner(graph, config.is_training, config.scope, config.per_channel)
+    planner = Planner(graph, config.is_training, config.scope,
+                      config.conv_weights_per_channel(),
+                      per_channel_matmul=config.matmul_weights_per_channel())
     plans = planner.run()
     left_float = [LeftFloat(name, reason)
                   for name, reason in getattr(planner, "left_float", [])]
@@ -235,7 +236,8 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
         out = bn.outputs[0]
         x = bn.inputs[0]
         x_ref = (quantized[x], x.dtype, x.shape) if x in quantized else None
-        new = standalone_batch_norm.add_depthwise(rewrite, bn, config.per_channel, x_ref)
+        new = standalone_batch_norm.add_depthwise(
+            rewrite, bn, config.conv_weights_per_channel(), x_ref)
         if new is None:
             continue
         rerouted = set()

@@ -57,6 +57,9 @@ class Plan:
     init_min: float
     consumers: List[tf.Operation]  # Ops whose inputs are rerouted.
     per_channel: bool = False
+    # Weights of a depthwise conv (read directly, or through the training
+    # fold's unscale Mul): per channel means per `in * multiplier`.
+    depthwise: bool = False
     # Layer ops reading the same weights through another read of the same
     # resource variable: their input 1 is set to the quantized weights.
     weight_sharers: List[tf.Operation] = dataclasses.field(default_factory=list)
@@ -65,11 +68,15 @@ class Plan:
 class Planner(plan_graph.GraphView):
     """Plans the quantizers of one graph without changing it."""
 
-    def __init__(self, graph, is_training, scope, per_channel):
+    def __init__(self, graph, is_training, scope, per_channel,
+                 per_channel_matmul=None):
         super().__init__(graph)
         self.is_training = is_training
         self.scope = scope
         self.per_channel = per_channel
+        # Matmul weights per channel too (default: as `per_channel`).
+        self.per_channel_matmul = (per_channel if per_channel_matmul is None
+                                   else per_channel_matmul)
         self.plans: "collections.OrderedDict[tf.Tensor, Plan]" = (
             collections.OrderedDict())
         self.prefixes: Set[str] = set()
@@ -233,9 +240,11 @@ class Planner(plan_graph.GraphView):
         per_channel = (self.per_channel and w.shape.rank in (2, 4)
                        and layer.type not in qp.TRANSPOSED_CONV_TYPES
                        and not (layer.type == "MatMul"
-                                and layer.get_attr("transpose_b")))
+                                and (layer.get_attr("transpose_b")
+                                     or not self.per_channel_matmul)))
         if self._plan(w, _context(layer), "weights_quant", -6.0, sharing,
                       is_weight=True, per_channel=per_channel):
+            self.plans[w].depthwise = layer.type == "DepthwiseConv2dNative"
             self.weight_plans[key] = self.plans[w]
 
     # --- Layers -------------------------------------------------------------
