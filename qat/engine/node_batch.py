@@ -15,7 +15,7 @@ NodeDefs into an empty scratch graph first, where TensorFlow checks op types,
 attributes, dtypes and shapes. Every node carries the mark of `qat.engine.marks`.
 """
 import functools
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 import weakref
 
 import numpy as np
@@ -160,12 +160,31 @@ def _import_in_cpp(graph: tf.Graph, serialized_graph_def: bytes,
                 c_api_util.ScopedTFImportGraphDefResults(
                     c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer,
                                                             options.options))
-            new_ops = graph._add_new_tf_operations(compute_devices=False)  # pylint: disable=protected-access
+            new_ops = _wrap_new_ops(graph, input_map.values())
     except tf.errors.InvalidArgumentError as e:
         raise ValueError(str(e)) from e
     finally:
         c_api.TF_DeleteBuffer(buffer)
     return {op.name: op for op in new_ops}
+
+
+def _wrap_new_ops(graph: tf.Graph, inputs: Iterable[tf.Tensor]) -> List[tf.Operation]:
+    """`Graph._add_new_tf_operations`, minus what cannot apply to a batch.
+
+    TensorFlow's version also reads each new op's inputs, to add the control
+    dependencies of the `control_dependencies` blocks active (`_import` runs
+    under `control_dependencies(None)`: none) and to check the inputs
+    against TensorFlow 1 control-flow contexts (`tf.while_loop` without
+    control flow v2). Where no new op can meet such a context (none is
+    active and no existing input has one), each op only needs its Python
+    `Operation`.
+    """
+    if graph._get_control_flow_context() is not None or any(  # pylint: disable=protected-access
+            t.op._get_control_flow_context() is not None for t in inputs):  # pylint: disable=protected-access
+        return graph._add_new_tf_operations(compute_devices=False)  # pylint: disable=protected-access
+    graph._check_not_finalized()  # pylint: disable=protected-access
+    return [graph._create_op_from_tf_operation(c_op, compute_device=False)  # pylint: disable=protected-access
+            for c_op in graph.new_operations()]
 
 
 # (build_fn, input signature) -> (scratch GraphDef, output names) of
