@@ -11,7 +11,12 @@
     (residual blocks conv -> batch norm -> ReLU6 -> conv -> batch norm -> add
     -> ReLU, resource variables, training mode, replicated from one template
     block through a GraphDef import, so building them is cheap). Prints the
-    time per op of the original graph for each size: flat means linear.
+    time per op of the original graph for each size (flat means linear) and
+    the memory: the process's RSS with the network built, and how far above
+    it the rewrite took the peak RSS.
+(3) With --compare_with=<another checkout>, each Keras model is also
+    rewritten by that checkout's qat (a subprocess right after this one's
+    run of the same model), and the ratio of the two create times printed.
 
 Before each timed call the garbage of the graphs built earlier in the run is
 collected (gc.collect(), untimed): otherwise a full collection of those
@@ -19,10 +24,15 @@ graphs (~0.3 s with a few Keras graphs alive) lands in a random timing.
 
   .venv/bin/python tools/bench_rewrite.py
   .venv/bin/python tools/bench_rewrite.py --models= --sizes=3000,30000
+  git worktree add /tmp/qat-before <commit>
+  .venv/bin/python tools/bench_rewrite.py --sizes= --compare_with=/tmp/qat-before
 """
 import gc
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -48,6 +58,14 @@ flags.DEFINE_integer("repeats", 3, "Fresh Keras graphs rewritten per model "
                      "(median reported).")
 flags.DEFINE_list("sizes", ["3000", "30000", "300000"],
                   "Approximate op counts of the generated networks.")
+flags.DEFINE_string("compare_with", "",
+                    "Another checkout of qat (a directory holding its `qat` "
+                    "package, e.g. a git worktree of an older commit): each "
+                    "Keras model is also rewritten by it, in a subprocess run "
+                    "right after this one's, and both times are printed with "
+                    "their ratio.")
+flags.DEFINE_bool("json", False, "Print the Keras rows as JSON only (used by "
+                  "--compare_with).")
 
 def _keras_graph(name):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -71,29 +89,73 @@ def _timed(fn):
     return time.perf_counter() - start
 
 
-def _bench_keras():
+def _keras_row(name):
+    """(ops, median create, fold and quantize times) of one Keras model."""
     import qat  # pylint: disable=g-import-not-at-top
+    totals, folds, quants = [], [], []
+    for i in range(FLAGS.repeats):
+        logging.info("%s: rewrite %d/%d", name, i + 1, FLAGS.repeats)
+        g = _keras_graph(name)
+        ops = len(g.get_operations())
+        totals.append(_timed(lambda: qat.create_training_graph(g)))
+        g = _keras_graph(name)
+        with g.as_default():
+            folds.append(_timed(
+                lambda: qat.fold_batch_norms(g, is_training=True)))
+            quants.append(_timed(
+                lambda: qat.insert_quant_ops(g, is_training=True)))
+    return (ops, statistics.median(totals), statistics.median(folds),
+            statistics.median(quants))
+
+
+def _other_checkout_row(name):
+    """`_keras_row(name)` with the qat of --compare_with, in a subprocess."""
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(FLAGS.compare_with))
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--json", "--sizes=",
+         "--models=" + name, "--repeats=%d" % FLAGS.repeats],
+        env=env, check=True, capture_output=True, text=True).stdout
+    return tuple(json.loads(out.strip().splitlines()[-1])[name])
+
+
+def _bench_keras():
     rows = []
     for name in FLAGS.models:
-        totals, folds, quants = [], [], []
-        for i in range(FLAGS.repeats):
-            logging.info("%s: rewrite %d/%d", name, i + 1, FLAGS.repeats)
-            g = _keras_graph(name)
-            ops = len(g.get_operations())
-            totals.append(_timed(lambda: qat.create_training_graph(g)))
-            g = _keras_graph(name)
-            with g.as_default():
-                folds.append(_timed(
-                    lambda: qat.fold_batch_norms(g, is_training=True)))
-                quants.append(_timed(
-                    lambda: qat.insert_quant_ops(g, is_training=True)))
-        rows.append((name, ops, statistics.median(totals),
-                     statistics.median(folds), statistics.median(quants)))
+        row = _keras_row(name)
+        other = _other_checkout_row(name) if FLAGS.compare_with else None
+        rows.append((name, row, other))
+    if FLAGS.json:
+        print(json.dumps({name: row for name, row, _ in rows}))
+        return
     print("%-19s %8s %12s %10s %12s %8s" % (
-        "model", "ops", "create_s", "fold_s", "quantize_s", "<=0.3s"))
-    for name, ops, total, fold, quant in rows:
+        "model", "ops", "create_s", "fold_s", "quantize_s", "<=0.3s")
+          + ("  %14s %8s" % ("other create_s", "ratio") if FLAGS.compare_with else ""))
+    for name, (ops, total, fold, quant), other in rows:
         print("%-19s %8d %12.3f %10.3f %12.3f %8s" % (
-            name, ops, total, fold, quant, "yes" if total <= 0.3 else "no"))
+            name, ops, total, fold, quant, "yes" if total <= 0.3 else "no")
+              + ("  %14.3f %8.2f" % (other[1], total / other[1]) if other else ""))
+    if FLAGS.compare_with:
+        print("ratio: create_s / create_s of %s (below 1: this checkout is faster)"
+              % FLAGS.compare_with)
+
+
+def _rss_mb(field):
+    """VmRSS (now) or VmHWM (peak since the last reset) of this process, MB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def _reset_peak_rss():
+    """Makes VmHWM start again from the current RSS (Linux clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        logging.warning("cannot reset the peak RSS: peak_added_MB counts from "
+                        "the process's earlier peak")
 
 
 def _template():
@@ -167,21 +229,28 @@ def _bench_generated():
         g, blocks = _generated_graph(target)
         ops = len(g.get_operations())
         logging.info("%d ops (%d blocks): folding", ops, blocks)
+        gc.collect()
+        graph_mb = _rss_mb("VmRSS")
+        _reset_peak_rss()
         with g.as_default():
             fold = _timed(lambda: qat.fold_batch_norms(g, is_training=True))
             logging.info("folded in %.2f s: inserting quant ops", fold)
             quant = _timed(lambda: qat.insert_quant_ops(g, is_training=True))
+        added_mb = _rss_mb("VmHWM") - graph_mb
         fakes = sum(1 for op in g.get_operations()
                     if op.type == "FakeQuantWithMinMaxVars")
         logging.info("quantized in %.2f s (%d FakeQuant ops)", quant, fakes)
-        rows.append((ops, blocks, fakes, fold, quant))
-    print("%9s %7s %9s %9s %11s %14s %16s" % (
-        "ops", "blocks", "fakequant", "fold_s", "quantize_s", "fold_us/op",
-        "quantize_us/op"))
-    for ops, blocks, fakes, fold, quant in rows:
-        print("%9d %7d %9d %9.2f %11.2f %14.1f %16.1f" % (
-            ops, blocks, fakes, fold, quant, 1e6 * fold / ops,
-            1e6 * quant / ops))
+        rows.append((ops, blocks, fakes, fold, quant, graph_mb, added_mb))
+        del g
+    print("%9s %7s %9s %9s %11s %9s %14s %16s %10s %12s" % (
+        "ops", "blocks", "fakequant", "fold_s", "quantize_s", "total_s",
+        "fold_us/op", "quantize_us/op", "rss_MB", "peak_added_MB"))
+    for ops, blocks, fakes, fold, quant, graph_mb, added_mb in rows:
+        print("%9d %7d %9d %9.2f %11.2f %9.2f %14.1f %16.1f %10.0f %12.0f" % (
+            ops, blocks, fakes, fold, quant, fold + quant, 1e6 * fold / ops,
+            1e6 * quant / ops, graph_mb, added_mb))
+    print("rss_MB: the process with the network built, before the rewrite; "
+          "peak_added_MB: its peak during the rewrite above that")
     if len(rows) > 1:
         first, last = rows[0], rows[-1]
         print("per-op time, largest / smallest network: fold %.2f, quantize "
