@@ -18,6 +18,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
+from qat.engine import graph_import  # pylint: disable=g-import-not-at-top
 from qat.engine import marks  # pylint: disable=g-import-not-at-top
 from qat.engine import node_batch  # pylint: disable=g-import-not-at-top
 from qat.engine import rewrite as rewrite_lib  # pylint: disable=g-import-not-at-top
@@ -207,7 +208,7 @@ _STAGES = {
     "build_node": (node_batch.NodeBatch, "node"),
     "build_python_ops": (node_batch.NodeBatch, "python_ops"),
     "check_in_scratch": (node_batch.NodeBatch, "check"),
-    "import": (node_batch, "_import"),
+    "import": (graph_import, "import_nodes"),
     "import_into_graph": (node_batch.NodeBatch, "build"),
     "check_reroutes": (rewrite_lib.Rewrite, "_check"),
 }

@@ -37,6 +37,9 @@ flags.DEFINE_bool("tf_gradient", False,
                   "Also time a QAT graph whose FakeQuant ops use TensorFlow's "
                   "own gradient (three outputs) instead of qat's input-only "
                   "one, to show what the latter saves.")
+flags.DEFINE_bool("xla", False,
+                  "Run every graph with XLA auto-clustering "
+                  "(global_jit_level=ON_1), a user option of TensorFlow's.")
 flags.DEFINE_bool("fold_only", True,
                   "Also time a third graph with batch norms folded (training "
                   "structure) but no FakeQuant ops, to split the overhead.")
@@ -85,7 +88,11 @@ def _session(variant: str):
             train = tf.compat.v1.train.MomentumOptimizer(
                 1e-3, 0.9).minimize(loss)
         init = tf.compat.v1.global_variables_initializer()
-    sess = tf.compat.v1.Session(graph=g)
+    config = tf.compat.v1.ConfigProto()
+    if FLAGS.xla:
+        config.graph_options.optimizer_options.global_jit_level = (
+            tf.compat.v1.OptimizerOptions.ON_1)
+    sess = tf.compat.v1.Session(graph=g, config=config)
     sess.run(init)
     rng = np.random.RandomState(0)
     feed = {x: rng.uniform(-1, 1, [batch, size, size, 3]).astype(np.float32),
