@@ -9,6 +9,7 @@ structures go through these marks, never through op names, so a user op named
 like one of qat's (`conv/act_quant/max`) is never mistaken for it.
 """
 from typing import Optional
+import weakref
 
 import tensorflow as tf
 
@@ -21,13 +22,26 @@ STANDALONE_BATCH_NORM = "standalone_batch_norm"
 STEP_COUNTER = "step_counter"
 
 
+# op -> its role. An op's mark is set when the op is made and never changes;
+# asking TensorFlow for an attribute an op lacks raises and catches an error,
+# which the passes would otherwise pay on every look at a user op.
+_ROLES: "weakref.WeakKeyDictionary[tf.Operation, Optional[str]]" = (
+    weakref.WeakKeyDictionary())
+
+
 def role(op: tf.Operation) -> Optional[str]:
     """The role qat marked `op` with, or None for an op qat did not create."""
     try:
+        return _ROLES[op]
+    except KeyError:
+        pass
+    try:
         value = op.get_attr(ATTR)
+        value = value.decode() if isinstance(value, bytes) else value
     except ValueError:
-        return None
-    return value.decode() if isinstance(value, bytes) else value
+        value = None
+    _ROLES[op] = value
+    return value
 
 
 def made_by_qat(op: tf.Operation, *roles: str) -> bool:
