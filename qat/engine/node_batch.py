@@ -102,6 +102,7 @@ class NodeBatch(object):
     def __init__(self, graph: tf.Graph, mark: str = marks.FOLD):
         self._graph = graph
         self._mark = mark
+        self._mark_bytes = mark.encode()
         self._gdef = graph_import.empty_graph_def()
         self._ext: Dict[str, tf.Tensor] = {}
         self._ext_ids: Dict[int, str] = {}
@@ -188,29 +189,38 @@ class NodeBatch(object):
         node.name = name
         node.op = op
         node.input.extend(inputs)
-        node.input.extend("^" + c for c in control)
+        if control:
+            node.input.extend("^" + c for c in control)
         if device:
             node.device = graph_import.canonical_device(device)
-        attrs.setdefault(marks.ATTR, self._mark)
-        graph_import.no_colocation(node)
+        attr = node.attr
+        if marks.ATTR not in attrs:
+            attr[marks.ATTR].s = self._mark_bytes
+        attr["_class"].list.SetInParent()  # See graph_import.no_colocation.
         for key, value in attrs.items():
-            attr = node.attr[key]
-            if isinstance(value, tf.DType):
-                attr.type = value.as_datatype_enum
-            elif isinstance(value, bool):
-                attr.b = value
-            elif isinstance(value, int):
-                attr.i = value
-            elif isinstance(value, str):
-                attr.s = value.encode()
-            elif isinstance(value, bytes):
-                attr.s = value
+            kind = type(value)
+            if kind is tf.DType:
+                attr[key].type = value.as_datatype_enum
+            elif kind is bool:
+                attr[key].b = value
+            elif kind is int:
+                attr[key].i = value
+            elif kind is str:
+                attr[key].s = value.encode()
+            elif kind is bytes:
+                attr[key].s = value
             elif isinstance(value, tf.TensorShape):
-                attr.shape.CopyFrom(value.as_proto())
+                attr[key].shape.CopyFrom(value.as_proto())
             elif isinstance(value, (list, tuple)):
-                attr.list.i.extend(int(v) for v in value)
+                attr[key].list.i.extend(int(v) for v in value)
+            elif isinstance(value, (bool, np.bool_)):
+                attr[key].b = bool(value)
+            elif isinstance(value, (int, np.integer)):
+                attr[key].i = int(value)
+            elif isinstance(value, tf.DType):
+                attr[key].type = value.as_datatype_enum
             else:
-                attr.tensor.CopyFrom(value)
+                attr[key].tensor.CopyFrom(value)
         self._nodes.append(name)
         return name
 
