@@ -5,10 +5,12 @@ variables, mixed dtypes half-rewriting a graph, eager calls doing nothing),
 a fault-injection run that makes each stage of each pass fail and checks the
 graph is unchanged, and every refusal the README lists.
 """
+import gc
 import os
 import subprocess
 import sys
 from unittest import mock
+import weakref
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -339,6 +341,27 @@ class RefusalTest(parameterized.TestCase):
         g = _training_graph()
         qat.create_training_graph(g)
         self._refused(g, qat.create_eval_graph, ValueError, "already rewritten")
+
+
+class MemoryTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(("training", True), ("eval", False))
+    def test_rewritten_graphs_are_freed(self, is_training):
+        """qat's per-graph tables never keep a graph the user dropped alive."""
+        refs = []
+        for _ in range(3):
+            g = _training_graph() if is_training else _eval_graph()
+            if is_training:
+                qat.create_training_graph(g)
+                with g.as_default():
+                    tf.gradients(g.get_tensor_by_name("loss:0"),
+                                 tf1.trainable_variables())
+            else:
+                qat.create_eval_graph(g)
+            refs.append(weakref.ref(g))
+            del g
+        gc.collect()
+        self.assertEqual([r() for r in refs if r() is not None], [])
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ GRADIENT_OP_TYPE = "QatFakeQuantInputGrad"
 DELAYED_GRADIENT_OP_TYPE = "QatDelayedQuantGrad"
 
 # graph -> {FakeQuant op name: ((min, max) it was computed from,
-#                                 (nudged min, nudged max))}.
+#                                 (nudged min, nudged max))}, as tensor names:
+# tensors would hold their graph, and so keep every graph that was ever
+# rewritten alive through this weak-keyed table.
 _NUDGED_RANGES: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, tuple]]" = (
     weakref.WeakKeyDictionary())
 
@@ -139,8 +141,8 @@ def add_nudged_ranges(rewrite, fake_quants: Sequence[tuple], scope: str) -> None
         known = _NUDGED_RANGES.setdefault(rewrite.graph, {})
         for k, (fake_quant, lo, hi, _, _) in enumerate(fake_quants):
             op = fake_quant if isinstance(fake_quant, tf.Operation) else ops[fake_quant]
-            pair = (nodes.tensor(ops, refs[0][k]), nodes.tensor(ops, refs[1][k]))
-            known[op.name] = ((op.inputs[1], op.inputs[2]), pair)
+            pair = (nodes.tensor(ops, refs[0][k]).name, nodes.tensor(ops, refs[1][k]).name)
+            known[op.name] = ((op.inputs[1].name, op.inputs[2].name), pair)
 
     rewrite.after_import(register)
 
@@ -176,9 +178,9 @@ def has_input_only_gradient(op: tf.Operation) -> bool:
 def _nudged_range_of(op: tf.Operation) -> Tuple[tf.Tensor, tf.Tensor]:
     sources, pair = _NUDGED_RANGES.get(op.graph, {}).get(op.name, (None, None))
     # Unless min or max were rerouted since.
-    if sources is not None and sources[0] is op.inputs[1] \
-            and sources[1] is op.inputs[2]:
-        return pair
+    if sources == (op.inputs[1].name, op.inputs[2].name):
+        return (op.graph.get_tensor_by_name(pair[0]),
+                op.graph.get_tensor_by_name(pair[1]))
     return nudged_range(op.inputs[1], op.inputs[2], *quant_bounds(
         op.get_attr("num_bits"), op.get_attr("narrow_range")))
 
