@@ -139,7 +139,10 @@ def build_graph(name: str, training: bool, batch=None):
     case = CASES[name]
     g = tf.Graph()
     with g.as_default():
-        tf1.set_random_seed(0)
+        # tf_keras draws each unseeded initializer's seed from Python's
+        # `random`, which a graph seed alone leaves free: seed everything, so
+        # every run builds the same weights.
+        keras.utils.set_random_seed(0)
         # A fixed learning phase keeps batch norms out of functional If ops.
         keras.backend.set_learning_phase(1 if training else 0)
         x = tf1.placeholder(tf.float32, (batch,) + case.size, name="input")
