@@ -113,8 +113,8 @@ def _hard_swish_se(x):
 
 # Models whose eval graph gives every example the same output after two
 # training steps. Their eval batch norms use moving statistics that two steps
-# (momentum 0.99) leave near their initial mean 0, variance 1, while the
-# activation ranges were taken from the batch-normalised training
+# (momentum 0.99 or 0.999) leave near their initial mean 0, variance 1, while
+# the activation ranges were taken from the batch-normalised training
 # activations: in eval mode the activations shrink from layer to layer until
 # they are under half a quantization step and round to zero, and the rest of
 # the network computes a constant (MobileNet: from its fifth conv on;
