@@ -90,12 +90,6 @@ def nudged_range(min_value: tf.Tensor, max_value: tf.Tensor, quant_min,
             tf.where(both_zero, np.inf, nudged_max))
 
 
-def _nudged_range_vectors(min_values: tf.Tensor, max_values: tf.Tensor,
-                          quant_min: tf.Tensor, quant_max: tf.Tensor):
-    """`nudged_range` of vectors of ranges (built once per process)."""
-    return nudged_range(min_values, max_values, quant_min, quant_max)
-
-
 def add_nudged_ranges(rewrite, fake_quants: Sequence[tuple], scope: str) -> None:
     """Computes the nudged ranges of per-tensor FakeQuant ops as two vectors.
 
@@ -130,7 +124,7 @@ def add_nudged_ranges(rewrite, fake_quants: Sequence[tuple], scope: str) -> None
         vectors.append((nodes.const(nodes.unique_name(scope + "/" + name),
                                     bounds[:, k], tf.float32) + ":0",
                         tf.float32, [None]))
-    nudged = nodes.python_ops(scope, vectors, _nudged_range_vectors, reusable=True)
+    nudged = nodes.python_ops(scope, vectors, nudged_range, reusable=True)
     refs = []
     for name, vec in zip(("nudged_min", "nudged_max"), nudged):
         unstack = nodes.node(nodes.unique_name(scope + "/" + name), "Unpack",
