@@ -13,6 +13,7 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
+from qat.engine import marks  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 
@@ -57,6 +58,18 @@ class OddGraphsTest(absltest.TestCase):
                               if op.type.startswith("FakeQuant")
                               and "weights" in op.inputs[0].name]
         self.assertEqual(weight_fake_quants, ["conv/my_weights_quant"])
+
+    def test_second_call_reports_no_float_layers_of_its_own(self):
+        """A second rewrite does not list qat's own quantizers as left float."""
+        g, _ = _conv_model()
+        qat.create_training_graph(g)
+        result = qat.insert_quant_ops(g, is_training=True, quant_delay=0)
+        self.assertEqual(result.quantizers, [])
+        own = [item.name for item in result.left_float
+               if marks.made_by_qat(g.get_operation_by_name(item.name))]
+        self.assertEqual(own, [])
+        # What the first call left float is still reported (the loss's Square).
+        self.assertIn("Square", [item.name for item in result.left_float])
 
 
 if __name__ == "__main__":

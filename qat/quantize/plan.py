@@ -37,6 +37,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
+from qat.engine import marks
 from qat.matching import layer_patterns
 from qat.quantize import op_table
 from qat.quantize import patterns as qp
@@ -364,6 +365,8 @@ class Planner(plan_graph.GraphView):
             return
         if not self._in_scope(op) or not op.outputs:
             return
+        if marks.made_by_qat(op, marks.QUANTIZER, marks.QUANTIZER_OUTPUT):
+            return  # An earlier call's quantizer (a second call): never a float layer.
         if (op.type in qp.BATCH_NORM_TYPES
                 or (op.type in op_table.FUNCTIONAL_TYPES
                     and standalone_batch_norm.is_batch_norm_cond(
