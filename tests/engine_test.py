@@ -363,6 +363,31 @@ class MemoryTest(parameterized.TestCase):
         gc.collect()
         self.assertEqual([r() for r in refs if r() is not None], [])
 
+    @parameterized.named_parameters(("training", True), ("eval", False))
+    def test_scratch_graphs_are_freed_at_once(self, is_training):
+        """The check's scratch copy of the new ops is gone before the import.
+
+        A graph and its ops reference each other, so a scratch graph dropped
+        without being dismantled lives until a full garbage collection: the
+        rewrite's peak memory would hold every new op twice.
+        """
+        g = _training_graph() if is_training else _eval_graph()
+        gc.collect()
+        gc.disable()
+        try:
+            before = _live_graphs()
+            if is_training:
+                qat.create_training_graph(g)
+            else:
+                qat.create_eval_graph(g)
+            self.assertEqual(_live_graphs() - before, 0)
+        finally:
+            gc.enable()
+
+
+def _live_graphs() -> int:
+    return sum(1 for o in gc.get_objects() if isinstance(o, tf.Graph))
+
 
 if __name__ == "__main__":
     absltest.main()

@@ -14,6 +14,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.client import pywrap_tf_session as c_api
 from tensorflow.python.framework import c_api_util
+from tensorflow.python.framework import ops as tf_ops
 
 
 def empty_graph_def() -> graph_pb2.GraphDef:
@@ -64,40 +65,51 @@ def add_stand_in(graph_def: graph_pb2.GraphDef, name: str, dtype: tf.DType,
     node.attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
 
 
-def import_checked(graph: tf.Graph, serialized_graph_def: bytes,
-                    outputs: Sequence[str]) -> Dict[str, tf.Tensor]:
-    """Imports a GraphDef into `graph` in C++ only; wraps just `outputs`.
+def import_checked(serialized_graph_def: bytes,
+                   outputs: Sequence[str]) -> Dict[str, tf.TensorSpec]:
+    """Imports a GraphDef into an empty scratch graph, in C++ only.
 
     TensorFlow checks every node (op type, attributes, dtypes, shape
     inference) during the C++ import; `import_graph_def` would then also
     build a Python object for each of them, which costs more than the import
-    itself and is not needed for a check.
+    itself and is not needed for a check. Only the ops of `outputs` get one.
+
+    The scratch graph is dismantled before this returns. Its ops and the
+    graph reference each other, so without that it would live on until a
+    full garbage collection, and the rewrite would import the batch into the
+    user's graph with the scratch copy still in memory: the peak memory of
+    the rewrite would hold the new ops twice.
 
     Returns:
-      {`name:<i>`: tensor} for `outputs`.
+      {`name:<i>`: its dtype and shape} for `outputs`.
 
     Raises:
       ValueError: TensorFlow's message for a bad node.
     """
-    options = c_api_util.ScopedTFImportGraphDefOptions()
-    c_api.TF_ImportGraphDefOptionsSetPrefix(options.options, "")
-    for ref in outputs:
-        name, _, index = ref.partition(":")
-        c_api.TF_ImportGraphDefOptionsAddReturnOutput(options.options, name, int(index or 0))
-    buffer = c_api.TF_NewBufferFromString(serialized_graph_def)
+    graph = tf.Graph()
     try:
-        with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
-            results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options.options)
-        results = c_api_util.ScopedTFImportGraphDefResults(results)
-    except tf.errors.InvalidArgumentError as e:
-        raise ValueError(str(e)) from e
+        options = c_api_util.ScopedTFImportGraphDefOptions()
+        c_api.TF_ImportGraphDefOptionsSetPrefix(options.options, "")
+        for ref in outputs:
+            name, _, index = ref.partition(":")
+            c_api.TF_ImportGraphDefOptionsAddReturnOutput(options.options, name, int(index or 0))
+        buffer = c_api.TF_NewBufferFromString(serialized_graph_def)
+        try:
+            with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
+                results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options.options)
+            results = c_api_util.ScopedTFImportGraphDefResults(results)
+        except tf.errors.InvalidArgumentError as e:
+            raise ValueError(str(e)) from e
+        finally:
+            c_api.TF_DeleteBuffer(buffer)
+        found = {}
+        for ref, output in zip(outputs, c_api.TF_ImportGraphDefResultsReturnOutputs(results.results)):
+            op = graph._create_op_from_tf_operation(output.oper)  # pylint: disable=protected-access
+            t = op.outputs[output.index]
+            found[ref] = tf.TensorSpec(t.shape, t.dtype)
+        return found
     finally:
-        c_api.TF_DeleteBuffer(buffer)
-    found = {}
-    for ref, output in zip(outputs, c_api.TF_ImportGraphDefResultsReturnOutputs(results.results)):
-        op = graph._create_op_from_tf_operation(output.oper)  # pylint: disable=protected-access
-        found[ref] = op.outputs[output.index]
-    return found
+        tf_ops.dismantle_graph(graph)
 
 
 def import_nodes(graph: tf.Graph, graph_def: graph_pb2.GraphDef, serialized: bytes,

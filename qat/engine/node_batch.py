@@ -20,6 +20,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
+from tensorflow.python.framework import ops as tf_ops
 
 from qat.engine import graph_import
 from qat.engine import marks
@@ -56,8 +57,11 @@ def _scratch_ops(scope: str, signature: Sequence[Tuple[tf.DType, tf.TensorShape]
             return_elements=["%s%d:0" % (_SCRATCH_INPUT, k) for k in range(len(signature))])
         with tf.name_scope(scope + "/"):
             outputs = list(build_fn(*stand_ins))
-    return (scratch.as_graph_def(),
-            ["%s:%d" % (t.op.name, t.value_index) for t in outputs])
+    result = (scratch.as_graph_def(),
+              ["%s:%d" % (t.op.name, t.value_index) for t in outputs])
+    del stand_ins, outputs
+    tf_ops.dismantle_graph(scratch)  # Freed now, not by a later full collection.
+    return result
 
 
 def _rescoped(name: str, old: str, new: str) -> str:
@@ -327,7 +331,7 @@ class NodeBatch(object):
             self._nodes.append(node.name)
         return [rename(name) for name in outputs]
 
-    def check(self, outputs: Sequence[str] = ()) -> Dict[str, tf.Tensor]:
+    def check(self, outputs: Sequence[str] = ()) -> Dict[str, tf.TensorSpec]:
         """Imports the nodes into an empty scratch graph, changing nothing.
 
         Args:
@@ -335,8 +339,7 @@ class NodeBatch(object):
             caller wants, e.g. to compare dtypes and shapes.
 
         Returns:
-          {ref: scratch tensor} for `outputs` (with the dtype and shape the
-          real tensor will have).
+          {ref: the dtype and shape the real tensor will have} for `outputs`.
 
         Raises:
           ValueError: TensorFlow's message for a bad node.
@@ -349,8 +352,8 @@ class NodeBatch(object):
         refs = [r if ":" in r else r + ":0" for r in outputs]
         # Serialized GraphDefs concatenate into their merge: the stand-ins
         # and the batch's nodes, without copying the nodes.
-        found = graph_import.import_checked(tf.Graph(), graph_def.SerializeToString() + self._serialized(),
-                                refs)
+        found = graph_import.import_checked(
+            graph_def.SerializeToString() + self._serialized(), refs)
         return {ref: found[full] for ref, full in zip(outputs, refs)}
 
     def build(self) -> Dict[str, tf.Operation]:
