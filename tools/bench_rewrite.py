@@ -5,8 +5,11 @@
     ResNet50, ResNet50V2, InceptionV3, DenseNet121, EfficientNetB0,
     weights=None, graph mode (target: <= 0.3 s each); a second fresh graph
     is rewritten step by step to split the time into fold_batch_norms and
-    insert_quant_ops. The zoo's hand-built blocks have a few dozen ops and
-    are not timed.
+    insert_quant_ops. Beside each time: the ops the rewrite adds, and how
+    long TensorFlow alone takes to add those ops to a graph (C++ import and
+    Python op objects, as qat's engine adds them; no analysis): the floor
+    of any rewrite that builds them as graph ops. The zoo's hand-built
+    blocks have a few dozen ops and are not timed.
 (2) The same rewrite on generated networks of about 3k, 30k and 300k ops
     (residual blocks conv -> batch norm -> ReLU6 -> conv -> batch norm -> add
     -> ReLU, resource variables, training mode, replicated from one template
@@ -89,15 +92,37 @@ def _timed(fn):
     return time.perf_counter() - start
 
 
+def _add_floor(original_def, rewritten_def):
+    """Seconds TensorFlow itself needs to add the rewrite's new ops.
+
+    Both GraphDefs are imported into empty graphs the way qat's engine
+    imports a batch (C++ import, then one Python `Operation` per op, no
+    analysis at all); the difference is the cost of the new ops alone, a
+    floor for any rewrite that adds them as graph ops.
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from qat.engine import graph_import  # pylint: disable=g-import-not-at-top
+
+    def load(graph_def):
+        serialized = graph_def.SerializeToString()
+        g = tf.Graph()
+        return _timed(lambda: graph_import.import_nodes(g, graph_def, serialized, {}, []))
+
+    return load(rewritten_def) - load(original_def)
+
+
 def _keras_row(name):
-    """(ops, median create, fold and quantize times) of one Keras model."""
+    """(ops, median create, fold and quantize times, new ops, median floor)."""
     import qat  # pylint: disable=g-import-not-at-top
-    totals, folds, quants = [], [], []
+    totals, folds, quants, floors = [], [], [], []
     for i in range(FLAGS.repeats):
         logging.info("%s: rewrite %d/%d", name, i + 1, FLAGS.repeats)
         g = _keras_graph(name)
         ops = len(g.get_operations())
+        original = g.as_graph_def()
         totals.append(_timed(lambda: qat.create_training_graph(g)))
+        new_ops = len(g.get_operations()) - ops
+        floors.append(_add_floor(original, g.as_graph_def()))
         g = _keras_graph(name)
         with g.as_default():
             folds.append(_timed(
@@ -105,7 +130,7 @@ def _keras_row(name):
             quants.append(_timed(
                 lambda: qat.insert_quant_ops(g, is_training=True)))
     return (ops, statistics.median(totals), statistics.median(folds),
-            statistics.median(quants))
+            statistics.median(quants), new_ops, statistics.median(floors))
 
 
 def _other_checkout_row(name):
@@ -127,13 +152,18 @@ def _bench_keras():
     if FLAGS.json:
         print(json.dumps({name: row for name, row, _ in rows}))
         return
-    print("%-19s %8s %12s %10s %12s %8s" % (
-        "model", "ops", "create_s", "fold_s", "quantize_s", "<=0.3s")
+    print("%-19s %8s %12s %10s %12s %8s %8s %12s" % (
+        "model", "ops", "create_s", "fold_s", "quantize_s", "<=0.3s",
+        "new_ops", "add_floor_s")
           + ("  %14s %8s" % ("other create_s", "ratio") if FLAGS.compare_with else ""))
-    for name, (ops, total, fold, quant), other in rows:
-        print("%-19s %8d %12.3f %10.3f %12.3f %8s" % (
-            name, ops, total, fold, quant, "yes" if total <= 0.3 else "no")
+    for name, (ops, total, fold, quant, new_ops, floor), other in rows:
+        print("%-19s %8d %12.3f %10.3f %12.3f %8s %8d %12.3f" % (
+            name, ops, total, fold, quant, "yes" if total <= 0.3 else "no",
+            new_ops, floor)
               + ("  %14.3f %8.2f" % (other[1], total / other[1]) if other else ""))
+    print("new_ops: ops the training rewrite adds; add_floor_s: the time "
+          "TensorFlow's C++ import and Python op objects alone take to add "
+          "them to a graph (no analysis)")
     if FLAGS.compare_with:
         print("ratio: create_s / create_s of %s (below 1: this checkout is faster)"
               % FLAGS.compare_with)
