@@ -15,6 +15,7 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import report  # pylint: disable=g-import-not-at-top
+from qat.report import numerics  # pylint: disable=g-import-not-at-top
 from qat.report import plots  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
@@ -54,6 +55,33 @@ def _png_series(path):
         image.verify()
     with Image.open(path) as image:
         return image.size, json.loads(image.text[plots.SERIES_KEY])
+
+
+class TfliteTensorsTest(absltest.TestCase):
+
+    def test_scalar_tensor_in_model(self):
+        """A scalar op output (no example axis) is kept, not concatenated.
+
+        EfficientNetB0's TFLite model has such tensors; they made
+        `run_tflite_tensors` fail with "zero-dimensional arrays cannot be
+        concatenated" whenever the samples took more than one batch.
+        """
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [None, 4], name="x")
+            total = tf.reduce_sum(x, name="total")
+            y = tf.identity(x * total, name="y")
+            with tf1.Session(graph=g) as sess:
+                model = tf1.lite.TFLiteConverter.from_session(sess, [x], [y]).convert()
+        samples = np.arange(12, dtype=np.float32).reshape(3, 4)
+        tensors = numerics.run_tflite_tensors(model, samples, batch_size=2)
+        scalars = [t["value"] for t in tensors.values() if np.ndim(t["value"]) == 0]
+        self.assertLen(scalars, 1)
+        self.assertEqual(float(scalars[0]), float(samples[:2].sum()))
+        outputs = [t["value"] for t in tensors.values() if np.shape(t["value"]) == (3, 4)]
+        self.assertTrue(any(np.allclose(v, samples * np.where(
+            np.arange(3)[:, None] < 2, samples[:2].sum(), samples[2:].sum()))
+                            for v in outputs))
 
 
 class ScopeCoverageTest(absltest.TestCase):

@@ -160,7 +160,8 @@ def run_tflite_tensors(model: bytes, samples: np.ndarray, batch_size: int = 64
     Returns:
       {TFLite tensor name: {"value": float array over all samples,
       "scale": float or None, "integer": bool}} for the model input and every
-      op output.
+      op output. A scalar tensor (no example axis, e.g. a reduction over the
+      whole batch) is the value of the first batch.
     """
     from ai_edge_litert import interpreter as litert  # pylint: disable=import-outside-toplevel
     report = inspect.describe_model(model)
@@ -180,7 +181,8 @@ def run_tflite_tensors(model: bytes, samples: np.ndarray, batch_size: int = 64
     result = {}
     for index in wanted:
         info = report.tensors[index]
-        value = np.concatenate(chunks[index]).astype(np.float64)
+        parts = chunks[index]
+        value = (np.concatenate(parts) if parts[0].ndim else parts[0]).astype(np.float64)
         integer = np.issubdtype(np.dtype(info.dtype), np.integer) and info.scale > 0
         if integer:
             value = (value - info.zero_point) * info.scale
