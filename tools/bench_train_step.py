@@ -6,7 +6,9 @@ batch norms folded and (--tf_gradient) a QAT one whose FakeQuant ops keep
 TensorFlow's own gradient. Each has its own Session; the tool warms them up,
 then interleaves their steps (float, QAT, folded, float, ...) so all see the
 same machine load, and prints the median step times and the QAT / float
-ratio (target: <= 1.10), with the part due to folding.
+ratio (target: <= 1.10), with the part due to folding. On a shared machine
+the load drifts during a run; the median of the per-round ratios (each QAT
+step over the float step just before it) and its quartiles show how much.
 
   .venv/bin/python tools/bench_train_step.py
   .venv/bin/python tools/bench_train_step.py --steps=50 --batch_size=32
@@ -21,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("steps", 20, "Timed steps per graph (interleaved).")
+flags.DEFINE_integer("steps", 40, "Timed steps per graph (interleaved).")
 flags.DEFINE_integer("warmup", 3, "Untimed steps per graph first.")
 flags.DEFINE_integer("batch_size", 16, "Batch size.")
 flags.DEFINE_integer("image_size", 96, "Input height and width.")
@@ -131,6 +133,12 @@ def main(argv):
           % (FLAGS.image_size, FLAGS.image_size, FLAGS.batch_size,
              FLAGS.steps, med["float"], med["qat"], ratio,
              "met" if ratio <= 1.10 else "NOT met"))
+    paired = [q / f for q, f in zip(times["qat"], times["float"])]
+    quartiles = (statistics.quantiles(paired, n=4) if len(paired) > 1
+                 else paired * 3)
+    print("  paired: median of the %d per-round ratios (QAT step / the float "
+          "step just before it) %.3f, quartiles %.3f-%.3f"
+          % (len(paired), statistics.median(paired), quartiles[0], quartiles[2]))
     if "folded" in med:
         print("  split: folded (no FakeQuant) %.4f s = %.3f x float; "
               "FakeQuant ops on top: %.3f x float"
