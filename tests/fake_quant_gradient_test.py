@@ -331,3 +331,104 @@ class DelayedQuantizerGradientTest(absltest.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class ReluFusionTest(parameterized.TestCase):
+    """ReLU -> training FakeQuant: one masked pass for both, the same values."""
+
+    def _graph(self, relu_fn, quant_delay=None, is_training=True):
+        g = tf.Graph()
+        with g.as_default():
+            z = tf.compat.v1.placeholder(tf.float32, [_ROWS, _CHANNELS], name="z")
+            relu = relu_fn(z)
+            step = step_counter.get_or_create_quantization_step(g)
+            batch = quantizer_batch.QuantizerBatch(g)
+            batch.add(quantizer_batch.QuantizerSpec(
+                relu, "r/act_quant", True, is_training, quant_delay=quant_delay), step)
+            y, = batch.build()
+        return g, z, relu, y
+
+    def _data(self, rng):
+        """Random values plus 0, subnormals, the smallest normal and 6's neighbours."""
+        data = rng.uniform(-2, 8, [_ROWS, _CHANNELS]).astype(np.float32)
+        tiny = np.finfo(np.float32).tiny
+        special = [0.0, -0.0, 1e-40, -1e-40, tiny, np.nextafter(tiny, 1),
+                   np.nextafter(np.float32(6), 0), 6.0, np.nextafter(np.float32(6), 7)]
+        data[:len(special), 0] = special
+        return data
+
+    def _compare(self, g, z, ours, theirs, steps=4):
+        rng = np.random.RandomState(2)
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            data = self._data(rng)
+            for _ in range(steps):  # The ranges (and the delay) move.
+                got, want = sess.run([ours, theirs], {z: data})
+                np.testing.assert_array_equal(got, want)
+                self.assertTrue(np.any(got != 0))
+                data = data * 0.8 + 0.3
+
+    @parameterized.named_parameters(("relu6", tf.nn.relu6, "Relu6Grad"),
+                                    ("relu", tf.nn.relu, "ReluGrad"))
+    def test_one_pass_equals_both_masks(self, relu_fn, relu_grad_type):
+        g, z, relu, y = self._graph(relu_fn)
+        self.assertEqual(relu.op.get_attr("_gradient_op_type"),
+                         fake_quant_gradient.RELU_GRADIENT_OP_TYPE.encode())
+        with g.as_default():
+            dy = tf.constant(np.random.RandomState(3).normal(
+                size=[_ROWS, _CHANNELS]).astype(np.float32))
+            ours = tf.gradients(y, z, grad_ys=dy)[0]
+            relu_grad = getattr(tf.raw_ops, relu_grad_type)
+            theirs = relu_grad(gradients=_reference_grad(y.op, dy), features=relu)
+        self.assertEqual(ours.op.type, "QuantizeAndDequantizeV4Grad")
+        # Straight from the incoming gradient, not from a first masked pass.
+        self.assertNotEqual(ours.op.inputs[0].op.type, "QuantizeAndDequantizeV4Grad")
+        types = [op.type for op in g.get_operations()]
+        self.assertEqual(types.count(relu_grad_type), 1)  # The reference's only.
+        self._compare(g, z, ours, theirs)
+
+    def test_delayed_quantizer(self):
+        g, z, relu, y = self._graph(tf.nn.relu6, quant_delay=2)
+        with g.as_default():
+            dy = tf.ones_like(y) * 0.5
+            ours = tf.gradients(y, z, grad_ys=dy)[0]
+            fake_quant = y.op.inputs[1].op
+            theirs = tf.raw_ops.Relu6Grad(
+                gradients=tf.compat.v1.where(y.op.inputs[0], _reference_grad(fake_quant, dy), dy),
+                features=relu)
+        self.assertEqual(ours.op.type, "QuantizeAndDequantizeV4Grad")
+        self.assertNotEqual(ours.op.inputs[0].op.type, "QuantizeAndDequantizeV4Grad")
+        self._compare(g, z, ours, theirs)
+
+    def test_gradient_of_the_relu_output_is_unchanged(self):
+        """Only the ReLU's input gradient gets the ReLU's mask."""
+        g, _, relu, y = self._graph(tf.nn.relu6)
+        with g.as_default():
+            dy = tf.ones_like(y)
+            ours = tf.gradients(y, relu, grad_ys=dy)[0]
+            theirs = _reference_grad(y.op, dy)
+        self._compare(g, g.get_tensor_by_name("z:0"), ours, theirs)
+
+    def test_other_consumers_get_the_relus_own_gradient(self):
+        g, z, relu, y = self._graph(tf.nn.relu6)
+        with g.as_default():
+            dy = tf.ones_like(y) * 0.25
+            other = relu * 3.0  # A second path from the ReLU to the loss.
+            ours = tf.gradients([y, other], z, grad_ys=[dy, tf.ones_like(other)])[0]
+            theirs = tf.raw_ops.Relu6Grad(
+                gradients=_reference_grad(y.op, dy) + 3.0, features=relu)
+        self.assertEqual(ours.op.type, "Relu6Grad")
+        self._compare(g, z, ours, theirs)
+
+    def test_eval_and_overridden_relus_are_left_alone(self):
+        _, _, relu, _ = self._graph(tf.nn.relu6, is_training=False)
+        with self.assertRaises(ValueError):
+            relu.op.get_attr("_gradient_op_type")
+
+        def overridden(z):
+            with tf.compat.v1.get_default_graph().gradient_override_map(
+                    {"Relu6": "Identity"}):
+                return tf.nn.relu6(z)
+
+        _, _, relu, _ = self._graph(overridden)
+        self.assertEqual(relu.op.get_attr("_gradient_op_type"), b"Identity")

@@ -2,8 +2,9 @@
 
 Builds training graphs of the same model (weights=None): a float one, one
 rewritten by qat.create_training_graph, (--fold_only) one with only the
-batch norms folded and (--tf_gradient) a QAT one whose FakeQuant ops keep
-TensorFlow's own gradient. Each has its own Session; the tool warms them up,
+batch norms folded, (--relu_fusion) a QAT one whose ReLUs keep TensorFlow's
+own gradient instead of qat's fused one and (--tf_gradient) a QAT one whose
+FakeQuant ops and ReLUs keep TensorFlow's own gradients. Each has its own Session; the tool warms them up,
 then interleaves their steps (float, QAT, folded, float, ...) so all see the
 same machine load, and prints the median step times and the QAT / float
 ratio (target: <= 1.10), with the part due to folding. On a shared machine
@@ -39,6 +40,10 @@ flags.DEFINE_bool("tf_gradient", False,
                   "Also time a QAT graph whose FakeQuant ops use TensorFlow's "
                   "own gradient (three outputs) instead of qat's input-only "
                   "one, to show what the latter saves.")
+flags.DEFINE_bool("relu_fusion", True,
+                  "Also time a QAT graph whose ReLUs keep TensorFlow's own "
+                  "gradient (a second masked pass over each quantized ReLU "
+                  "output), to show what qat's fused ReLU gradient saves.")
 flags.DEFINE_bool("xla", False,
                   "Also time the float and QAT graphs with XLA "
                   "auto-clustering (global_jit_level=ON_1), a user option "
@@ -71,7 +76,7 @@ def _session(variant: str):
         logits = model.output.op.inputs[0]  # Before the softmax.
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=labels, logits=logits))
-        if variant in ("qat", "qat_tf_gradient"):
+        if variant in ("qat", "qat_tf_gradient", "qat_no_relu_fusion"):
             start = time.perf_counter()
             if FLAGS.use_cond:
                 qat.fold_batch_norms(g, is_training=True, use_cond=True,
@@ -84,6 +89,13 @@ def _session(variant: str):
             if variant == "qat_tf_gradient":
                 for op in g.get_operations():
                     if op.type.startswith("FakeQuantWithMinMaxVars"):
+                        op._clear_attr("_gradient_op_type")  # pylint: disable=protected-access
+            if variant in ("qat_tf_gradient", "qat_no_relu_fusion"):
+                relu_gradient = (qat.quantize.fake_quant_gradient
+                                 .RELU_GRADIENT_OP_TYPE.encode())
+                for op in g.get_operations():
+                    if op.type in ("Relu", "Relu6") and op.node_def.attr[
+                            "_gradient_op_type"].s == relu_gradient:
                         op._clear_attr("_gradient_op_type")  # pylint: disable=protected-access
         elif variant == "folded":
             qat.fold_batch_norms(
@@ -112,6 +124,7 @@ def main(argv):
     logging.info("building the MobileNetV2 training graphs")
     variants = (["float", "qat"] + (["folded"] if FLAGS.fold_only else [])
                 + (["qat_tf_gradient"] if FLAGS.tf_gradient else [])
+                + (["qat_no_relu_fusion"] if FLAGS.relu_fusion else [])
                 + (["float_xla", "qat_xla"] if FLAGS.xla else []))
     runs = {key: _session(key) for key in variants}
     for key, (sess, train, feed) in runs.items():
@@ -144,6 +157,13 @@ def main(argv):
               "FakeQuant ops on top: %.3f x float"
               % (med["folded"], med["folded"] / med["float"],
                  (med["qat"] - med["folded"]) / med["float"]))
+    if "qat_no_relu_fusion" in med:
+        fused = statistics.median(
+            [q / u for q, u in zip(times["qat"], times["qat_no_relu_fusion"])])
+        print("  without the fused ReLU gradient: %.4f s, QAT/float = %.3f; "
+              "QAT / that, median per round: %.3f"
+              % (med["qat_no_relu_fusion"], med["qat_no_relu_fusion"] / med["float"],
+                 fused))
     if "qat_tf_gradient" in med:
         print("  with TensorFlow's FakeQuant gradient: %.4f s, QAT/float = %.3f"
               % (med["qat_tf_gradient"], med["qat_tf_gradient"] / med["float"]))

@@ -2,7 +2,7 @@
 
 A pass describes everything it changes as a `Rewrite`: the new ops (a
 `NodeBatch`), the consumer inputs to move onto new tensors, the control
-inputs to add, the variables to register in collections, and the collection
+inputs and internal attributes (`_gradient_op_type`) to add, the variables to register in collections, and the collection
 entries that record what was done. `apply` checks all of it before it edits
 anything:
 
@@ -34,6 +34,7 @@ import dataclasses
 from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import variable_pb2
 from tensorflow.python.ops import resource_variable_ops
 
@@ -68,6 +69,7 @@ class Rewrite(object):
         self.nodes = node_batch.NodeBatch(graph, mark)
         self._reroutes: List[_Reroute] = []
         self._control: List[Tuple[tf.Operation, List[str]]] = []
+        self._attrs: List[Tuple[tf.Operation, str, attr_value_pb2.AttrValue]] = []
         self._variables: List[Tuple[variable_pb2.VariableDef, List[str]]] = []
         self._collections: List[Tuple[str, object]] = []
         self._after: List[Callable[[Dict[str, tf.Operation]], None]] = []
@@ -90,6 +92,11 @@ class Rewrite(object):
         """`op` will run after the batch nodes `nodes`."""
         self._control.append((op, list(nodes)))
 
+    def set_attr(self, op: tf.Operation, name: str,
+                 value: attr_value_pb2.AttrValue) -> None:
+        """`op`, an op of the graph, will carry attribute `name` (a `_` one)."""
+        self._attrs.append((op, name, value))
+
     def add_variable(self, variable_def: variable_pb2.VariableDef,
                      collections: Sequence[str]) -> None:
         """A resource variable of the batch, registered in `collections`."""
@@ -105,7 +112,7 @@ class Rewrite(object):
 
     def is_empty(self) -> bool:
         return not (len(self.nodes) or self._reroutes or self._control
-                    or self._collections)
+                    or self._attrs or self._collections)
 
     # --- Checking ---------------------------------------------------------------
 
@@ -140,6 +147,10 @@ class Rewrite(object):
         for op, _ in self._control:
             if op.graph is not self.graph:
                 raise RewriteError(f"Control inputs of '{op.name}': not an op of the graph.")
+        for op, name, _ in self._attrs:
+            if op.graph is not self.graph or not name.startswith("_"):
+                raise RewriteError(f"Attribute {name} of '{op.name}': only internal "
+                                   "attributes of ops of the graph are set.")
 
 
 def apply(rewrite: Rewrite) -> Dict[str, tf.Operation]:
@@ -177,6 +188,8 @@ def _apply_checked(rewrite: Rewrite) -> Dict[str, tf.Operation]:
         raise
     for op, names in rewrite._control:  # pylint: disable=protected-access
         op._add_control_inputs([ops[n] for n in names])  # pylint: disable=protected-access
+    for op, name, value in rewrite._attrs:  # pylint: disable=protected-access
+        op._set_attr(name, value)  # pylint: disable=protected-access
     with graph.control_dependencies(None):
         for variable_def, collections in rewrite._variables:  # pylint: disable=protected-access
             variable = resource_variable_ops.ResourceVariable(variable_def=variable_def)

@@ -22,20 +22,44 @@ than twenty per quantizer), and registers them here; the gradient of any
 other FakeQuant carrying the attribute (a copy, a graph re-imported from a
 MetaGraph) computes its own.
 
+A ReLU or ReLU6 whose output a training FakeQuant reads directly gets the
+registered gradient `QatReluBeforeFakeQuant` (`fuse_relu_gradient`). Where
+its output gradient is the FakeQuant's masked gradient and nothing else, it
+masks the FakeQuant's incoming gradient once with both masks, by narrowing
+the range to [smallest normal float, min(nudged_max, the float below 6)]
+(the ReLU gradients pass where 0 < y < 6, or 0 < y, for the ReLU output y;
+TensorFlow's CPU kernels treat subnormal values as 0): one pass over the
+activation instead of two, the same values. The FakeQuant's own masked
+gradient is then left unused, and not run, unless something asks for the
+gradient of the ReLU output itself. Any other output gradient (say, summed
+with the gradient of another consumer) gets the ReLU's usual gradient op.
+
 A process that calls `tf.gradients` on such a graph must have imported qat
 (the gradient registry is per process), as for any custom gradient.
 """
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Sequence, Set, Tuple
 import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.ops import gen_nn_ops
 
 from qat.engine import marks
 from qat.engine import rewrite as rewrite_lib
 
 GRADIENT_OP_TYPE = "QatFakeQuantInputGrad"
 DELAYED_GRADIENT_OP_TYPE = "QatDelayedQuantGrad"
+RELU_GRADIENT_OP_TYPE = "QatReluBeforeFakeQuant"
+
+# ReLU op type -> the largest output its gradient passes (None: no bound).
+_RELU_UPPER_BOUNDS = {"Relu": None,
+                      "Relu6": np.nextafter(np.float32(6), np.float32(0))}
+_SMALLEST_NORMAL = np.finfo(np.float32).tiny
+
+# graph -> names of the masked gradient ops `_masked_grad` built.
+_RELU_MASKED: "weakref.WeakKeyDictionary[tf.Graph, Set[str]]" = (
+    weakref.WeakKeyDictionary())
 
 # graph -> {FakeQuant op name: ((min, max) it was computed from,
 #                                 (nudged min, nudged max))}, as tensor names:
@@ -161,6 +185,34 @@ def precompute_nudged_ranges(fake_quant_ops: Sequence[tf.Operation],
     rewrite_lib.apply(rewrite)
 
 
+def fuse_relu_gradient(rewrite, relu: tf.Operation) -> None:
+    """Gives `relu` the gradient that trusts a FakeQuant mask (see above).
+
+    Only for a ReLU or ReLU6 whose output a training FakeQuant reads
+    directly, and only when the op has no registered gradient of its own.
+
+    Args:
+      rewrite: the `qat.engine.rewrite.Rewrite` that adds the FakeQuant.
+      relu: the op producing the FakeQuant's input.
+    """
+    if relu.type not in _RELU_UPPER_BOUNDS:
+        return
+    try:
+        relu.get_attr("_gradient_op_type")
+        return  # The user's gradient override, or ours already.
+    except ValueError:
+        pass
+    rewrite.set_attr(relu, "_gradient_op_type",
+                     attr_value_pb2.AttrValue(s=RELU_GRADIENT_OP_TYPE.encode()))
+
+
+def _has_fused_relu_gradient(op: tf.Operation) -> bool:
+    try:
+        return op.get_attr("_gradient_op_type") == RELU_GRADIENT_OP_TYPE.encode()
+    except ValueError:
+        return False
+
+
 def has_input_only_gradient(op: tf.Operation) -> bool:
     """Whether `op` is a FakeQuant carrying `QatFakeQuantInputGrad`."""
     try:
@@ -189,9 +241,12 @@ def _masked_grad(op: tf.Operation, grad: tf.Tensor, lo: tf.Tensor,
             raise ValueError(
                 f"The gradient of '{op.name}' needs its input's rank.")
         axis = inputs.shape.rank - 1
-    return tf.raw_ops.QuantizeAndDequantizeV4Grad(
+    masked = tf.raw_ops.QuantizeAndDequantizeV4Grad(
         gradients=grad, input=inputs, input_min=lo, input_max=hi,
         axis=axis).input_backprop
+    if _has_fused_relu_gradient(inputs.op):
+        _RELU_MASKED.setdefault(op.graph, set()).add(masked.op.name)
+    return masked
 
 
 def _fake_quant_input_grad(op: tf.Operation, grad: tf.Tensor):
@@ -222,8 +277,26 @@ def _delayed_quant_grad(op: tf.Operation, grad: tf.Tensor):
     return None, grad * chosen, grad * (1.0 - chosen)
 
 
+def _relu_before_fake_quant_grad(op: tf.Operation, grad: tf.Tensor):
+    """Both masks in one pass where `grad` is a FakeQuant's masked gradient."""
+    masked = grad.op if isinstance(grad, tf.Tensor) else None
+    if (masked is not None and masked.name in _RELU_MASKED.get(op.graph, ())
+            and masked.inputs[1].name == op.outputs[0].name):
+        incoming, y, lo, hi = masked.inputs[:4]
+        lo = tf.maximum(lo, _SMALLEST_NORMAL)
+        if _RELU_UPPER_BOUNDS[op.type] is not None:
+            hi = tf.minimum(hi, _RELU_UPPER_BOUNDS[op.type])
+        return tf.raw_ops.QuantizeAndDequantizeV4Grad(
+            gradients=incoming, input=y, input_min=lo, input_max=hi,
+            axis=masked.get_attr("axis")).input_backprop
+    if op.type == "Relu6":
+        return gen_nn_ops.relu6_grad(grad, op.outputs[0])
+    return gen_nn_ops.relu_grad(grad, op.outputs[0])
+
+
 for _name, _function in ((GRADIENT_OP_TYPE, _fake_quant_input_grad),
-                         (DELAYED_GRADIENT_OP_TYPE, _delayed_quant_grad)):
+                         (DELAYED_GRADIENT_OP_TYPE, _delayed_quant_grad),
+                         (RELU_GRADIENT_OP_TYPE, _relu_before_fake_quant_grad)):
     try:
         tf.RegisterGradient(_name)(_function)
     except KeyError:  # Module re-imported (importlib.reload): already there.

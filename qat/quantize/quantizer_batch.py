@@ -216,6 +216,8 @@ class QuantizerBatch(object):
         if spec.is_training and not spec.per_channel:
             self._training_fake_quants.append(
                 (out, lo, hi, spec.num_bits, bool(spec.narrow_range)))
+            if input_ref is None and low_dtype is None and not spec.channel_reshape:
+                fake_quant_gradient.fuse_relu_gradient(self._rewrite, spec.inputs.op)
         if spec.channel_reshape:
             back = self._const(p + "/Reshape_1/shape",
                                spec.inputs.shape.as_list(), tf.int32)
