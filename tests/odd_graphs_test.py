@@ -71,6 +71,21 @@ class OddGraphsTest(absltest.TestCase):
         # What the first call left float is still reported (the loss's Square).
         self.assertIn("Square", [item.name for item in result.left_float])
 
+    def test_shape_ops_are_not_left_float(self):
+        """A Shape of an activation (Dropout, a dynamic Reshape) reads no values."""
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [None, 6, 6, 3], name="x")
+            w = tf1.get_variable("conv/weights", [3, 3, 3, 4])
+            y = tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME", name="conv/Conv2D"))
+            flat = tf.reshape(y, tf.stack([tf.shape(y)[0], -1]), name="flat")
+            tf.reduce_mean(tf.square(flat), name="loss")
+        result = qat.insert_quant_ops(g, is_training=True)
+        self.assertTrue(any(op.type == "Shape" for op in g.get_operations()))
+        left = {g.get_operation_by_name(item.name).type for item in result.left_float}
+        self.assertNotIn("Shape", left)
+        self.assertIn("Square", left)
+
 
 if __name__ == "__main__":
     absltest.main()

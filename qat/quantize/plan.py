@@ -377,7 +377,8 @@ class Planner(plan_graph.GraphView):
         elif op.type in op_table.OWN_RANGE_TYPES:
             self.visit_own_range(op)
         elif (op.type in op_table.SAME_SCALE_TYPES
-              or op.type in op_table.FIXED_RANGE_TYPES):
+              or op.type in op_table.FIXED_RANGE_TYPES
+              or op.type in qp.METADATA_TYPES):  # Read shapes, not values.
             return
         elif any(self._is_ranged(i) for i in op.inputs if self.is_data(i)
                  and _is_float(i)):
