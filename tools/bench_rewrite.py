@@ -14,9 +14,9 @@
     (residual blocks conv -> batch norm -> ReLU6 -> conv -> batch norm -> add
     -> ReLU, resource variables, training mode, replicated from one template
     block through a GraphDef import, so building them is cheap). Prints the
-    time per op of the original graph for each size (flat means linear) and
-    the memory: the process's RSS with the network built, and how far above
-    it the rewrite took the peak RSS.
+    time per op of the original graph for each size (flat means linear),
+    the memory (the process's RSS with the network built, and how far above
+    it the rewrite took the peak RSS) and the floor as in (1).
 (3) With --compare_with=<another checkout>, each Keras model is also
     rewritten by that checkout's qat (a subprocess right after this one's
     run of the same model), and the ratio of the two create times printed.
@@ -119,10 +119,11 @@ def _keras_row(name):
         logging.info("%s: rewrite %d/%d", name, i + 1, FLAGS.repeats)
         g = _keras_graph(name)
         ops = len(g.get_operations())
-        original = g.as_graph_def()
+        original = None if FLAGS.json else g.as_graph_def()
         totals.append(_timed(lambda: qat.create_training_graph(g)))
         new_ops = len(g.get_operations()) - ops
-        floors.append(_add_floor(original, g.as_graph_def()))
+        if not FLAGS.json:  # --compare_with's checkout may predate the engine.
+            floors.append(_add_floor(original, g.as_graph_def()))
         g = _keras_graph(name)
         with g.as_default():
             folds.append(_timed(
@@ -130,7 +131,8 @@ def _keras_row(name):
             quants.append(_timed(
                 lambda: qat.insert_quant_ops(g, is_training=True)))
     return (ops, statistics.median(totals), statistics.median(folds),
-            statistics.median(quants), new_ops, statistics.median(floors))
+            statistics.median(quants), new_ops,
+            statistics.median(floors) if floors else None)
 
 
 def _other_checkout_row(name):
@@ -258,6 +260,7 @@ def _bench_generated():
         logging.info("generating a network of about %d ops", target)
         g, blocks = _generated_graph(target)
         ops = len(g.get_operations())
+        original = g.as_graph_def()
         logging.info("%d ops (%d blocks): folding", ops, blocks)
         gc.collect()
         graph_mb = _rss_mb("VmRSS")
@@ -270,17 +273,21 @@ def _bench_generated():
         fakes = sum(1 for op in g.get_operations()
                     if op.type == "FakeQuantWithMinMaxVars")
         logging.info("quantized in %.2f s (%d FakeQuant ops)", quant, fakes)
-        rows.append((ops, blocks, fakes, fold, quant, graph_mb, added_mb))
-        del g
-    print("%9s %7s %9s %9s %11s %9s %14s %16s %10s %12s" % (
+        new_ops = len(g.get_operations()) - ops
+        floor = _add_floor(original, g.as_graph_def())
+        rows.append((ops, blocks, fakes, fold, quant, graph_mb, added_mb, new_ops, floor))
+        del g, original
+    print("%9s %7s %9s %9s %11s %9s %14s %16s %10s %12s %8s %12s" % (
         "ops", "blocks", "fakequant", "fold_s", "quantize_s", "total_s",
-        "fold_us/op", "quantize_us/op", "rss_MB", "peak_added_MB"))
-    for ops, blocks, fakes, fold, quant, graph_mb, added_mb in rows:
-        print("%9d %7d %9d %9.2f %11.2f %9.2f %14.1f %16.1f %10.0f %12.0f" % (
+        "fold_us/op", "quantize_us/op", "rss_MB", "peak_added_MB", "new_ops",
+        "add_floor_s"))
+    for ops, blocks, fakes, fold, quant, graph_mb, added_mb, new_ops, floor in rows:
+        print("%9d %7d %9d %9.2f %11.2f %9.2f %14.1f %16.1f %10.0f %12.0f %8d %12.2f" % (
             ops, blocks, fakes, fold, quant, fold + quant, 1e6 * fold / ops,
-            1e6 * quant / ops, graph_mb, added_mb))
+            1e6 * quant / ops, graph_mb, added_mb, new_ops, floor))
     print("rss_MB: the process with the network built, before the rewrite; "
-          "peak_added_MB: its peak during the rewrite above that")
+          "peak_added_MB: its peak during the rewrite above that; add_floor_s: "
+          "as for the Keras models")
     if len(rows) > 1:
         first, last = rows[0], rows[-1]
         print("per-op time, largest / smallest network: fold %.2f, quantize "
