@@ -103,7 +103,8 @@ def import_checked(serialized_graph_def: bytes,
         finally:
             c_api.TF_DeleteBuffer(buffer)
         found = {}
-        for ref, output in zip(outputs, c_api.TF_ImportGraphDefResultsReturnOutputs(results.results)):
+        returned = c_api.TF_ImportGraphDefResultsReturnOutputs(results.results)
+        for ref, output in zip(outputs, returned):
             op = graph._create_op_from_tf_operation(output.oper)  # pylint: disable=protected-access
             t = op.outputs[output.index]
             found[ref] = tf.TensorSpec(t.shape, t.dtype)

@@ -2,9 +2,9 @@
 
 A pass describes everything it changes as a `Rewrite`: the new ops (a
 `NodeBatch`), the consumer inputs to move onto new tensors, the control
-inputs and internal attributes (`_gradient_op_type`) to add, the variables to register in collections, and the collection
-entries that record what was done. `apply` checks all of it before it edits
-anything:
+inputs and internal attributes (`_gradient_op_type`) to add, the variables
+to register in collections, and the collection entries that record what was
+done. `apply` checks all of it before it edits anything:
 
 1. the new ops are imported into an empty scratch graph, with stand-ins for
    the graph's tensors: TensorFlow checks op types, attributes, dtypes and
