@@ -6,8 +6,9 @@ batch norms folded, (--relu_fusion) a QAT one whose ReLUs keep TensorFlow's
 own gradient instead of qat's fused one and (--tf_gradient) a QAT one whose
 FakeQuant ops and ReLUs keep TensorFlow's own gradients. Each has its own
 Session; the tool warms them up, then interleaves their steps (float, QAT,
-folded, float, ...) so all see the same machine load, and prints the median step times and the QAT / float
-ratio (target: <= 1.10), with the part due to folding. On a shared machine
+folded, float, ...) so all see the same machine load, and prints the median
+step times and the QAT / float ratio (target: <= 1.10), with the part due to
+folding. On a shared machine
 the load drifts during a run; the median of the per-round ratios (each QAT
 step over the float step just before it) and its quartiles show how much.
 
