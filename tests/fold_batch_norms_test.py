@@ -510,6 +510,23 @@ class FoldStructureTest(tf.test.TestCase):
         self.assertEqual(g.get_operation_by_name("shared/Conv2D").inputs[1].op.type,
                          "ReadVariableOp")
 
+    def test_batch_norms_after_no_layer_share_one_warning(self):
+        """DenseNet-like: a batch norm after every concat; one line, not one each."""
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2, 5, 5, 3])
+            for i in range(5):
+                x = tf.concat([x, tf.compat.v1.layers.batch_normalization(
+                    x, training=False, name="bn%d" % i)], axis=-1)
+        with self.assertLogs(level="WARNING") as logs:
+            result = fold_batch_norms(g, is_training=False)
+        self.assertLen(result.skipped, 5)
+        lines = [line for line in logs.output if "not folded" in line]
+        self.assertLen(lines, 1)
+        self.assertIn("5 batch norm(s) not folded", lines[0])
+        self.assertIn("bn0/FusedBatchNormV3 (input Placeholder:0)", lines[0])
+        self.assertIn("and 2 more", lines[0])
+
     def test_batch_norm_inside_functional_cond_is_reported(self):
         g = tf.Graph()
         with g.as_default():

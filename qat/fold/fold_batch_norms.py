@@ -334,15 +334,20 @@ def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
     batch_norms, unreachable = bn_lib.find_batch_norms(graph)
     skipped = [SkippedBatchNorm(name, reason) for name, reason in unreachable]
     plans = []
+    after_no_layer = []
     for bn in batch_norms:
         if _already_folded(bn):
             continue
         try:
             plans.append(fold_plan.plan_fold(bn, config.is_training))
+        except fold_plan.NoLayerBefore as e:
+            after_no_layer.append(SkippedBatchNorm(bn.op.name, str(e)))
         except fold_plan.CannotFold as e:
             skipped.append(SkippedBatchNorm(bn.op.name, str(e)))
     for s in skipped:
         logging.warning("fold_batch_norms: batch norm %s not folded: %s", s.name, s.reason)
+    fold_plan.warn_after_no_layer(after_no_layer)
+    skipped += after_no_layer
 
     rewrite = rewrite_lib.Rewrite(graph, marks.FOLD)
     freeze = None

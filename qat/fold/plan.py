@@ -3,11 +3,13 @@
 `plan_fold(bn, is_training)` checks one recognised batch norm (`qat.matching.batch_norm`)
 against the layer before it (`qat.matching.layer_patterns.LAYER_CHAIN`) without
 changing the graph, and returns a `FoldPlan` for `qat.fold_batch_norms`, or
-raises `CannotFold` with the reason.
+raises `CannotFold` with the reason (`NoLayerBefore` when no layer precedes
+it, reported in one warning for all by `warn_after_no_layer`).
 """
 import dataclasses
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
+from absl import logging
 import tensorflow as tf
 
 from qat.matching import batch_norm as bn_lib
@@ -22,6 +24,10 @@ _LAYER_CHAIN_MATCHER = GraphMatcher(layer_patterns.LAYER_CHAIN)
 
 class CannotFold(Exception):
     """A batch norm the fold pass leaves alone; the message says why."""
+
+
+class NoLayerBefore(CannotFold):
+    """A batch norm after no foldable layer (after a pool, a concat, an add)."""
 
 
 @dataclasses.dataclass
@@ -67,7 +73,7 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
     """
     match = _LAYER_CHAIN_MATCHER.match_op(bn.input.op)
     if match is None or bn.input.value_index != 0:
-        raise CannotFold(
+        raise NoLayerBefore(
             "no Conv2D / MatMul / DepthwiseConv2dNative / transposed conv "
             "layer with variable or constant weights before it (input %s)" % bn.input.name)
     layer_op = match.get_op("layer")
@@ -137,3 +143,25 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
                  training=is_training and bn.uses_batch_statistics)
 
 
+def warn_after_no_layer(skipped: Sequence, shown: int = 3) -> None:
+    """One warning for the batch norms that follow no layer (`NoLayerBefore`).
+
+    Common by design (DenseNet and pre-activation ResNets put a batch norm
+    after every concat or add): one line per batch norm would bury the
+    warnings that matter.
+
+    Args:
+      skipped: their `SkippedBatchNorm`s (name, reason).
+      shown: how many to name.
+    """
+    if not skipped:
+        return
+    examples = "; ".join("%s (%s)" % (s.name, s.reason.rpartition("(")[2].rstrip(")"))
+                         for s in skipped[:shown])
+    more = " and %d more" % (len(skipped) - shown) if len(skipped) > shown else ""
+    logging.warning(
+        "fold_batch_norms: %d batch norm(s) not folded: no Conv2D / MatMul / "
+        "DepthwiseConv2dNative / transposed conv layer with variable or constant "
+        "weights before them. insert_quant_ops still gives them ranges (in eval "
+        "graphs as a 1x1 depthwise conv). %s%s. FoldResult.skipped lists them all.",
+        len(skipped), examples, more)
