@@ -1,0 +1,70 @@
+"""The benchmarks under tools/ run and print every figure they promise.
+
+Speed and memory targets live in these benchmarks, not in timed tests; this
+only keeps them working (tiny sizes, no figure is judged): each runs as a
+user runs it and its output is parsed.
+"""
+import os
+import re
+import subprocess
+import sys
+
+from absl.testing import absltest
+
+_TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+
+
+def _run(tool, *args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1")
+    proc = subprocess.run([sys.executable, os.path.join(_TOOLS, tool), *args],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise AssertionError(f"{tool} failed:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def _rows(text, header_word):
+    """The whitespace-separated rows under the header line containing `header_word`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if header_word in line.split())
+    header = lines[start].split()
+    rows = []
+    for line in lines[start + 1:]:
+        fields = line.split()
+        if len(fields) != len(header):
+            break
+        rows.append(dict(zip(header, fields)))
+    return rows
+
+
+class BenchRewriteTest(absltest.TestCase):
+
+    def test_keras_model_and_generated_network(self):
+        out = _run("bench_rewrite.py", "--models=mobilenet", "--repeats=1", "--sizes=300")
+        model, = _rows(out, "create_s")
+        self.assertEqual(model["model"], "mobilenet")
+        self.assertGreater(int(model["new_ops"]), 1000)
+        self.assertGreater(float(model["add_floor_s"]), 0.0)
+        self.assertLess(float(model["add_floor_s"]), float(model["create_s"]))
+        network, = _rows(out, "peak_added_MB")
+        self.assertGreater(int(network["fakequant"]), 0)
+        self.assertGreater(int(network["new_ops"]), int(network["fakequant"]))
+        self.assertGreaterEqual(float(network["peak_added_MB"]), 0.0)
+
+
+class BenchTrainStepTest(absltest.TestCase):
+
+    def test_every_variant_is_timed(self):
+        out = _run("bench_train_step.py", "--steps=2", "--warmup=1", "--image_size=32",
+                   "--batch_size=2", "--tf_gradient")
+        self.assertRegex(out, r"QAT/float = \d+\.\d{3}")
+        self.assertRegex(out, r"paired: median of the 2 per-round ratios .* \d+\.\d{3}, "
+                              r"quartiles \d+\.\d{3}-\d+\.\d{3}")
+        self.assertIn("split: folded (no FakeQuant)", out)
+        self.assertRegex(out, r"without the fused ReLU gradient: .* median per round: \d")
+        self.assertIn("with TensorFlow's FakeQuant gradient", out)
+        self.assertFalse(re.search(r"\bnan\b", out), out)
+
+
+if __name__ == "__main__":
+    absltest.main()
