@@ -88,20 +88,11 @@ def import_checked(serialized_graph_def: bytes,
     """
     graph = tf.Graph()
     try:
-        options = c_api_util.ScopedTFImportGraphDefOptions()
-        c_api.TF_ImportGraphDefOptionsSetPrefix(options.options, "")
+        options = _import_options()
         for ref in outputs:
             name, _, index = ref.partition(":")
             c_api.TF_ImportGraphDefOptionsAddReturnOutput(options.options, name, int(index or 0))
-        buffer = c_api.TF_NewBufferFromString(serialized_graph_def)
-        try:
-            with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
-                results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options.options)
-            results = c_api_util.ScopedTFImportGraphDefResults(results)
-        except tf.errors.InvalidArgumentError as e:
-            raise ValueError(str(e)) from e
-        finally:
-            c_api.TF_DeleteBuffer(buffer)
+        results = _cpp_import(graph, serialized_graph_def, options)
         found = {}
         returned = c_api.TF_ImportGraphDefResultsReturnOutputs(results.results)
         for ref, output in zip(outputs, returned):
@@ -140,8 +131,7 @@ def import_nodes(graph: tf.Graph, graph_def: graph_pb2.GraphDef, serialized: byt
 def _import_in_cpp(graph: tf.Graph, serialized_graph_def: bytes,
                    input_map: Dict[str, tf.Tensor]) -> Dict[str, tf.Operation]:
     """The C++ import, then a Python `Operation` for each new op, by name."""
-    options = c_api_util.ScopedTFImportGraphDefOptions()
-    c_api.TF_ImportGraphDefOptionsSetPrefix(options.options, "")
+    options = _import_options()
     # A batch reserves its names: a clash is an error, never a renamed op.
     c_api.TF_ImportGraphDefOptionsSetUniquifyNames(options.options, False)
     for key, t in input_map.items():
@@ -149,26 +139,43 @@ def _import_in_cpp(graph: tf.Graph, serialized_graph_def: bytes,
         c_api.TF_ImportGraphDefOptionsAddInputMapping(
             options.options, name, int(index or 0),
             t._as_tf_output())  # pylint: disable=protected-access
+    with graph._mutation_lock():  # pylint: disable=protected-access
+        _cpp_import(graph, serialized_graph_def, options)
+        new_ops = _wrap_new_ops(graph, input_map.values())
+    return {op.name: op for op in new_ops}
+
+
+def _import_options() -> c_api_util.ScopedTFImportGraphDefOptions:
+    """Import options with no name prefix."""
+    options = c_api_util.ScopedTFImportGraphDefOptions()
+    c_api.TF_ImportGraphDefOptionsSetPrefix(options.options, "")
+    return options
+
+
+def _cpp_import(graph: tf.Graph, serialized_graph_def: bytes,
+                options: c_api_util.ScopedTFImportGraphDefOptions
+                ) -> c_api_util.ScopedTFImportGraphDefResults:
+    """TensorFlow's C++ GraphDef import into `graph` (all nodes or none).
+
+    Raises:
+      ValueError: TensorFlow's message for a bad node or a taken name.
+    """
     buffer = c_api.TF_NewBufferFromString(serialized_graph_def)
     try:
-        with graph._mutation_lock():  # pylint: disable=protected-access
-            with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
-                c_api_util.ScopedTFImportGraphDefResults(
-                    c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer,
-                                                            options.options))
-            new_ops = _wrap_new_ops(graph, input_map.values())
+        with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
+            return c_api_util.ScopedTFImportGraphDefResults(
+                c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options.options))
     except tf.errors.InvalidArgumentError as e:
         raise ValueError(str(e)) from e
     finally:
         c_api.TF_DeleteBuffer(buffer)
-    return {op.name: op for op in new_ops}
 
 
 def _wrap_new_ops(graph: tf.Graph, inputs: Iterable[tf.Tensor]) -> List[tf.Operation]:
     """`Graph._add_new_tf_operations`, minus what cannot apply to a batch.
 
     TensorFlow's version also reads each new op's inputs, to add the control
-    dependencies of the `control_dependencies` blocks active (`_import` runs
+    dependencies of the `control_dependencies` blocks active (`import_nodes` runs
     under `control_dependencies(None)`: none) and to check the inputs
     against TensorFlow 1 control-flow contexts (`tf.while_loop` without
     control flow v2). Where no new op can meet such a context (none is
