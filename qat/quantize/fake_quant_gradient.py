@@ -195,30 +195,23 @@ def fuse_relu_gradient(rewrite, relu: tf.Operation) -> None:
       rewrite: the `qat.engine.rewrite.Rewrite` that adds the FakeQuant.
       relu: the op producing the FakeQuant's input.
     """
-    if relu.type not in _RELU_UPPER_BOUNDS:
-        return
-    try:
-        relu.get_attr("_gradient_op_type")
-        return  # The user's gradient override, or ours already.
-    except ValueError:
-        pass
-    rewrite.set_attr(relu, "_gradient_op_type",
-                     attr_value_pb2.AttrValue(s=RELU_GRADIENT_OP_TYPE.encode()))
+    # Not over the user's gradient override (or ours, already there).
+    if relu.type in _RELU_UPPER_BOUNDS and _registered_gradient(relu) is None:
+        rewrite.set_attr(relu, "_gradient_op_type",
+                         attr_value_pb2.AttrValue(s=RELU_GRADIENT_OP_TYPE.encode()))
 
 
-def _has_fused_relu_gradient(op: tf.Operation) -> bool:
+def _registered_gradient(op: tf.Operation):
+    """`op`'s `_gradient_op_type` (bytes), or None for TensorFlow's own."""
     try:
-        return op.get_attr("_gradient_op_type") == RELU_GRADIENT_OP_TYPE.encode()
-    except ValueError:
-        return False
+        return op.get_attr("_gradient_op_type")
+    except ValueError:  # No such attribute.
+        return None
 
 
 def has_input_only_gradient(op: tf.Operation) -> bool:
     """Whether `op` is a FakeQuant carrying `QatFakeQuantInputGrad`."""
-    try:
-        return op.get_attr("_gradient_op_type") == GRADIENT_OP_TYPE.encode()
-    except ValueError:  # No such attribute: TensorFlow's own gradient.
-        return False
+    return _registered_gradient(op) == GRADIENT_OP_TYPE.encode()
 
 
 def _nudged_range_of(op: tf.Operation) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -244,7 +237,7 @@ def _masked_grad(op: tf.Operation, grad: tf.Tensor, lo: tf.Tensor,
     masked = tf.raw_ops.QuantizeAndDequantizeV4Grad(
         gradients=grad, input=inputs, input_min=lo, input_max=hi,
         axis=axis).input_backprop
-    if _has_fused_relu_gradient(inputs.op):
+    if _registered_gradient(inputs.op) == RELU_GRADIENT_OP_TYPE.encode():
         _RELU_MASKED.setdefault(op.graph, set()).add(masked.op.name)
     return masked
 
