@@ -340,14 +340,15 @@ def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
             continue
         try:
             plans.append(fold_plan.plan_fold(bn, config.is_training))
-        except fold_plan.NoLayerBefore as e:
-            after_no_layer.append(SkippedBatchNorm(bn.op.name, str(e)))
         except fold_plan.CannotFold as e:
             skipped.append(SkippedBatchNorm(bn.op.name, str(e)))
+            if isinstance(e, fold_plan.NoLayerBefore):
+                after_no_layer.append(bn)
+    warned_together = {bn.op.name for bn in after_no_layer}
     for s in skipped:
-        logging.warning("fold_batch_norms: batch norm %s not folded: %s", s.name, s.reason)
+        if s.name not in warned_together:
+            logging.warning("fold_batch_norms: batch norm %s not folded: %s", s.name, s.reason)
     fold_plan.warn_after_no_layer(after_no_layer)
-    skipped += after_no_layer
 
     rewrite = rewrite_lib.Rewrite(graph, marks.FOLD)
     freeze = None

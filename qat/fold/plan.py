@@ -30,6 +30,10 @@ class NoLayerBefore(CannotFold):
     """A batch norm after no foldable layer (after a pool, a concat, an add)."""
 
 
+_NO_LAYER = ("no Conv2D / MatMul / DepthwiseConv2dNative / transposed conv layer "
+             "with variable or constant weights before")
+
+
 @dataclasses.dataclass
 class FoldPlan:
     """What the fold of one validated batch norm edits."""
@@ -73,9 +77,7 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
     """
     match = _LAYER_CHAIN_MATCHER.match_op(bn.input.op)
     if match is None or bn.input.value_index != 0:
-        raise NoLayerBefore(
-            "no Conv2D / MatMul / DepthwiseConv2dNative / transposed conv "
-            "layer with variable or constant weights before it (input %s)" % bn.input.name)
+        raise NoLayerBefore("%s it (input %s)" % (_NO_LAYER, bn.input.name))
     layer_op = match.get_op("layer")
     for op in (layer_op, bn.op):
         if op._control_flow_context is not None:  # pylint: disable=protected-access
@@ -143,7 +145,7 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
                  training=is_training and bn.uses_batch_statistics)
 
 
-def warn_after_no_layer(skipped: Sequence, shown: int = 3) -> None:
+def warn_after_no_layer(batch_norms: Sequence[bn_lib.BatchNorm], shown: int = 3) -> None:
     """One warning for the batch norms that follow no layer (`NoLayerBefore`).
 
     Common by design (DenseNet and pre-activation ResNets put a batch norm
@@ -151,17 +153,16 @@ def warn_after_no_layer(skipped: Sequence, shown: int = 3) -> None:
     warnings that matter.
 
     Args:
-      skipped: their `SkippedBatchNorm`s (name, reason).
+      batch_norms: those batch norms.
       shown: how many to name.
     """
-    if not skipped:
+    if not batch_norms:
         return
-    examples = "; ".join("%s (%s)" % (s.name, s.reason.rpartition("(")[2].rstrip(")"))
-                         for s in skipped[:shown])
-    more = " and %d more" % (len(skipped) - shown) if len(skipped) > shown else ""
+    examples = "; ".join("%s (input %s)" % (bn.op.name, bn.input.name)
+                         for bn in batch_norms[:shown])
+    more = " and %d more" % (len(batch_norms) - shown) if len(batch_norms) > shown else ""
     logging.warning(
-        "fold_batch_norms: %d batch norm(s) not folded: no Conv2D / MatMul / "
-        "DepthwiseConv2dNative / transposed conv layer with variable or constant "
-        "weights before them. insert_quant_ops still gives them ranges (in eval "
-        "graphs as a 1x1 depthwise conv). %s%s. FoldResult.skipped lists them all.",
-        len(skipped), examples, more)
+        "fold_batch_norms: %d batch norm(s) not folded: %s them. insert_quant_ops still "
+        "gives them ranges (in eval graphs as a 1x1 depthwise conv). %s%s. "
+        "FoldResult.skipped lists them all.",
+        len(batch_norms), _NO_LAYER, examples, more)
