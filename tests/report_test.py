@@ -184,6 +184,81 @@ class ControlFlowCoverageTest(absltest.TestCase):
         self.assertIn("which the fold cannot edit", with_fold.layers[0].batch_norm_reason)
 
 
+def _three_conv_eval_graph():
+    """A frozen eval graph: input -> 3 x (conv -> ReLU), ranges set by hand."""
+    graph = tf.Graph()
+    with graph.as_default():
+        images = tf1.placeholder(tf.float32, [None, 8, 8, 3], name="images")
+        net = images
+        rng = np.random.RandomState(0)
+        for name in ("a", "b", "c"):
+            with tf1.variable_scope(name):
+                weights = tf1.get_variable("weights", initializer=rng.normal(
+                    0.0, 0.3, [3, 3, int(net.shape[-1]), 4]).astype(np.float32))
+                net = tf.nn.relu(tf.nn.conv2d(net, weights, 1, "SAME"))
+        tf.identity(net, name="out")
+        qat.experimental_create_eval_graph(graph, symmetric_weights=True)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            for variable in tf1.global_variables():
+                if variable.op.name.endswith("act_quant/max"):
+                    variable.load(2.0, sess)
+                elif variable.op.name.endswith("input_quant/max"):
+                    variable.load(1.0, sess)
+            return qat.export.freeze_session(sess, ["out"])
+
+
+class OwnDifferenceTest(absltest.TestCase):
+    """Each layer computed from TFLite's own inputs finds the one wrong kernel."""
+
+    def test_wrong_kernel_is_told_from_accumulated_drift(self):
+        frozen = _three_conv_eval_graph()
+        # A TFLite model whose middle conv has other weights: every tensor
+        # from it on differs from the eval graph, but only "b" on its own.
+        wrong = tf1.GraphDef()
+        wrong.CopyFrom(frozen)
+        weights = [n for n in wrong.node
+                   if n.op == "Const" and n.name == "b/weights"]
+        self.assertLen(weights, 1)
+        value = tf.make_ndarray(weights[0].attr["value"].tensor)
+        weights[0].attr["value"].tensor.CopyFrom(tf.make_tensor_proto(-value))
+        model = qat.export.convert_frozen_graph(wrong, ["images"], ["out"], "int8")
+        samples = np.random.RandomState(1).uniform(0, 1, [16, 8, 8, 3]).astype(np.float32)
+        result = report.layer_numerics(frozen, "images", ["out"], samples, flavour="int8",
+                                       model=model)
+        rows = {r.name: r for r in result.rows}
+        layers = [name for name in rows if name.startswith(("a/", "b/", "c/"))]
+        self.assertLen(layers, 3)
+        a, b, c = (rows[name] for name in layers)
+        self.assertLessEqual(a.max_own_steps, 1.0 + 1e-3)
+        self.assertGreater(b.max_own_steps, 10.0)
+        self.assertGreater(c.max_diff_steps, 10.0)  # Drifted from "b" on ...
+        self.assertLessEqual(c.max_own_steps, 1.0 + 1e-3)  # ... but right on its own.
+        self.assertIs(result.worst_own, b)
+        self.assertIn(f"given TFLite's own inputs: {b.max_own_steps:.2f} steps ({b.name})",
+                      result.format())
+
+    def test_forced_inputs_leave_producers_fetchable(self):
+        graph_def = _three_conv_eval_graph()
+        fake_quants = [n.name + ":0" for n in graph_def.node
+                       if n.op == "FakeQuantWithMinMaxVars" and "act_quant" in n.name]
+        self.assertLen(fake_quants, 3)
+        forced, placeholders = numerics.read_forced_inputs(graph_def, fake_quants[:2])
+        self.assertLen(graph_def.node, len(forced.node) - 2)  # The input is not changed.
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.import_graph_def(forced, name="")
+        samples = np.random.RandomState(2).uniform(0, 1, [2, 8, 8, 3]).astype(np.float32)
+        zeros = np.zeros([2, 8, 8, 4], np.float32)
+        with tf1.Session(graph=graph) as sess:
+            first, last = sess.run(
+                [fake_quants[0], fake_quants[2]],
+                {"images:0": samples, placeholders[fake_quants[0]]: zeros,
+                 placeholders[fake_quants[1]]: zeros})
+        self.assertGreater(np.abs(first).max(), 0.0)  # Still computed from the input.
+        np.testing.assert_array_equal(last, np.zeros_like(last))  # relu(conv(0)) = 0.
+
+
 class DigitsReportTest(absltest.TestCase):
     """QAT-trained digits model: TensorBoard, coverage from files, numerics, plots."""
 

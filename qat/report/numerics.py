@@ -13,11 +13,18 @@ Conv2D", so a row matches the TFLite tensor naming the FakeQuant or the op it
 reads). Per row: SQNR of QAT vs float and of TFLite vs QAT, and the TFLite vs
 QAT difference in quantization steps (the TFLite tensor's scale). The model
 outputs are rows too.
+
+Differences add up along the network: a tensor one step off where a value
+sat on a rounding boundary can be several steps off a layer later, where the
+layer's gain is high. So each row is also measured on its own: the eval graph
+computes the row's tensor from TFLite's own values of the rows before it
+(`max_own_steps`). A kernel that disagrees with the eval graph shows there;
+accumulation does not.
 """
 import dataclasses
 import json
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -26,6 +33,7 @@ from qat.export import convert as convert_lib
 from qat.export import freeze
 from qat.export import inspect
 from qat.export import parity
+from qat.quantize import op_table
 from qat.report import structure
 
 DRIFT_STEPS = 1.0  # A TFLite tensor off by more than this many steps "drifts".
@@ -44,6 +52,9 @@ class TensorNumerics:
     max_diff_steps: float          # max |TFLite - QAT| / scale.
     mean_diff_steps: float
     max_qat_float_steps: float     # max |QAT - float| / scale: the quantization error.
+    # max |TFLite - QAT| / scale when the eval graph reads TFLite's values of
+    # the rows before this one: this layer's own difference (nan: unmatched).
+    max_own_steps: float = math.nan
 
 
 @dataclasses.dataclass
@@ -62,12 +73,19 @@ class NumericsReport:
                 return row
         return None
 
+    @property
+    def worst_own(self) -> Optional[TensorNumerics]:
+        """The row with the largest difference of its own (None: no row matched)."""
+        rows = [r for r in self.rows if not math.isnan(r.max_own_steps)]
+        return max(rows, key=lambda r: r.max_own_steps, default=None)
+
     def summary_lines(self) -> List[str]:
-        """A few lines: worst SQNRs and the first drifting layer."""
+        """A few lines: worst SQNRs, the first drifting layer, the worst layer on its own."""
         qat = [r.sqnr_qat_db for r in self.rows if not math.isnan(r.sqnr_qat_db)]
         lite = [r.sqnr_tflite_db for r in self.rows if not math.isnan(r.sqnr_tflite_db)]
         steps = [r.max_diff_steps for r in self.rows if not math.isnan(r.max_diff_steps)]
         drift = self.first_drift
+        own = self.worst_own
         return [
             f"numerics ({self.flavour}, {self.num_examples} examples, {len(self.rows)} "
             f"tensors): lowest SQNR QAT vs float {min(qat, default=math.nan):.1f} dB, "
@@ -75,17 +93,20 @@ class NumericsReport:
             f"difference {max(steps, default=math.nan):.2f} steps",
             "first layer where TFLite drifts by more than "
             f"{self.drift_steps:g} step: " + (f"{drift.name} ({drift.max_diff_steps:.2f} steps)"
-                                              if drift else "none")]
+                                              if drift else "none"),
+            "largest difference of a layer given TFLite's own inputs: " + (
+                f"{own.max_own_steps:.2f} steps ({own.name})" if own else "none matched")]
 
     def format(self) -> str:
         """A readable table."""
         lines = ["== numerics", *self.summary_lines(), "",
                  f"  {'tensor':<36} {'SQNR QAT/float':>14} {'SQNR TFLite/QAT':>15} "
-                 f"{'max steps':>9} {'mean steps':>10} {'QAT-float steps':>15}"]
+                 f"{'max steps':>9} {'mean steps':>10} {'own steps':>9} "
+                 f"{'QAT-float steps':>15}"]
         for r in self.rows:
             lines.append(f"  {r.name:<36} {_db(r.sqnr_qat_db):>14} {_db(r.sqnr_tflite_db):>15} "
                          f"{r.max_diff_steps:>9.2f} {r.mean_diff_steps:>10.3f} "
-                         f"{r.max_qat_float_steps:>15.2f}")
+                         f"{r.max_own_steps:>9.2f} {r.max_qat_float_steps:>15.2f}")
         return "\n".join(lines)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -139,17 +160,60 @@ def bypass_fake_quants(graph_def: tf.compat.v1.GraphDef) -> tf.compat.v1.GraphDe
     return result
 
 
-def _run(graph_def, input_name: str, names: Sequence[str], samples: np.ndarray,
-         batch_size: int) -> List[np.ndarray]:
+def read_forced_inputs(graph_def: tf.compat.v1.GraphDef, tensors: Sequence[str]
+                       ) -> tf.compat.v1.GraphDef:
+    """A copy of `graph_def` whose ops read each of `tensors` from a placeholder.
+
+    Each tensor keeps its producer (so it can still be fetched and compared),
+    but every op that read it reads the float32 placeholder
+    `<op>/forced_<output index>` (made unique with "_") instead: fed with
+    another model's values of those tensors, the graph computes each of them
+    from the other model's values of the ones before it.
+
+    Args:
+      graph_def: a frozen graph.
+      tensors: float32 tensor names ("op:0") of `graph_def`.
+
+    Returns:
+      (the new GraphDef, {tensor: its placeholder's tensor}); `graph_def` is
+      not changed.
+    """
+    result = tf.compat.v1.GraphDef()
+    result.CopyFrom(graph_def)
+    taken = {node.name for node in result.node}
+    forced = {}
+    for name in tensors:
+        op_name, index = name.rsplit(":", 1)
+        placeholder_name = f"{op_name}/forced_{index}"
+        while placeholder_name in taken:
+            placeholder_name += "_"
+        taken.add(placeholder_name)
+        placeholder = result.node.add(name=placeholder_name, op="Placeholder")
+        placeholder.attr["dtype"].type = tf.float32.as_datatype_enum
+        forced[name] = placeholder.name
+        if index == "0":
+            forced[op_name] = placeholder.name
+    for node in result.node:
+        for k, source in enumerate(node.input):
+            if source in forced:
+                node.input[k] = forced[source]
+    return result, {name: forced[name] + ":0" for name in tensors}
+
+
+def _run(graph_def, feeds: Dict[str, np.ndarray], names: Sequence[str], batch_size: int
+         ) -> List[np.ndarray]:
+    """Runs `graph_def` on `feeds` ({tensor: all examples}) in batches."""
     graph = tf.Graph()
     with graph.as_default():
         tf.import_graph_def(graph_def, name="")
     fetches = [graph.get_tensor_by_name(n) for n in names]
-    feed = graph.get_tensor_by_name(freeze.tensor_name(input_name))
+    feed_tensors = {graph.get_tensor_by_name(n): v for n, v in feeds.items()}
+    count = len(next(iter(feeds.values())))
     chunks = []
     with tf.compat.v1.Session(graph=graph) as sess:
-        for i in range(0, len(samples), batch_size):
-            chunks.append(sess.run(fetches, {feed: samples[i:i + batch_size]}))
+        for i in range(0, count, batch_size):
+            chunks.append(sess.run(fetches, {t: v[i:i + batch_size]
+                                             for t, v in feed_tensors.items()}))
     return [np.concatenate([c[k] for c in chunks]) for k in range(len(names))]
 
 
@@ -191,21 +255,44 @@ def run_tflite_tensors(model: bytes, samples: np.ndarray, batch_size: int = 64
     return result
 
 
-def _match(candidates: Sequence[str], tflite: Dict[str, Dict[str, Any]],
-           graph_ops: set) -> Optional[str]:
-    """The TFLite tensor named after the first candidate TF op that has one."""
-    def parts(name):
-        for part in name.split(";"):
-            yield part
-            stripped = part.rstrip("0123456789")  # TFLite's de-duplicating suffix.
-            if stripped != part and part not in graph_ops:
-                yield stripped
-    for candidate in candidates:
-        found = [n for n in tflite if candidate in set(parts(n))]
-        found.sort(key=lambda n: not tflite[n]["integer"])  # Quantized tensors first.
-        if found:
-            return found[0]
-    return None
+def _name_parts(name: str, graph_ops: set):
+    """The TF op names a TFLite tensor is named after ("relu;BiasAdd;Conv2D")."""
+    for part in name.split(";"):
+        yield part
+        stripped = part.rstrip("0123456789")  # TFLite's de-duplicating suffix.
+        if stripped != part and part not in graph_ops:
+            yield stripped
+
+
+def _match_rows(rows_spec, values: Sequence[np.ndarray], tflite: Dict[str, Dict[str, Any]],
+                graph_ops: set) -> List[Optional[str]]:
+    """The TFLite tensor of each row: None where none matched.
+
+    A row takes a tensor of its shape named after its first candidate TF op
+    that has one (quantized tensors first). A fused TFLite op names its tensor
+    after every TF op it fused ("relu;BiasAdd;Conv2D") and holds the last
+    one's output, so a tensor named after the ops of several rows (a layer's
+    own quantizer and its activation's) belongs to the last of them only.
+    """
+    rows_of_op: Dict[str, List[int]] = {}
+    for i, (_, _, candidates) in enumerate(rows_spec):
+        for candidate in candidates:
+            rows_of_op.setdefault(candidate, []).append(i)
+    parts = {name: set(_name_parts(name, graph_ops)) for name in tflite}
+    last_row = {name: max((i for part in parts[name] for i in rows_of_op.get(part, ())),
+                          default=-1) for name in tflite}
+    matches = []
+    for i, ((_, _, candidates), value) in enumerate(zip(rows_spec, values)):
+        match = None
+        for candidate in candidates:
+            found = [name for name in tflite
+                     if candidate in parts[name] and last_row[name] == i
+                     and tflite[name]["value"].shape == value.shape]
+            if found:
+                match = min(found, key=lambda name: not tflite[name]["integer"])
+                break
+        matches.append(match)
+    return matches
 
 
 def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
@@ -250,28 +337,78 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
         rows_spec.append((op.name, op.outputs[0].name, [op.name]))
     names = [tensor for _, tensor, _ in rows_spec]
     samples = np.asarray(samples, np.float32)
-    qat_values = _run(frozen_graph_def, input_name, names, samples, batch_size)
-    float_values = _run(bypass_fake_quants(frozen_graph_def), input_name, names, samples,
-                        batch_size)
+    inputs = {freeze.tensor_name(input_name): samples}
+    qat_values = _run(frozen_graph_def, inputs, names, batch_size)
+    float_values = _run(bypass_fake_quants(frozen_graph_def), inputs, names, batch_size)
     tflite = run_tflite_tensors(model, samples, batch_size)
     graph_ops = {op.name for op in graph.get_operations()}
+    matches = _match_rows(rows_spec, qat_values, tflite, graph_ops)
+    forced = {name: match for name, match, qat in zip(names, matches, qat_values)
+              if match is not None and qat.dtype == np.float32}
+    forced.update(_unquantized_tensors_tflite_rounds(path, graph, forced, tflite))
+    own_values = _run_given_tflite(frozen_graph_def, inputs, names, forced, tflite,
+                                   batch_size)
     rows = []
-    for (label, tensor, candidates), qat, flt in zip(rows_spec, qat_values, float_values):
-        match = _match(candidates, tflite, graph_ops)
+    for (label, tensor, _), qat, flt, match, own in zip(rows_spec, qat_values, float_values,
+                                                         matches, own_values):
         lite = tflite[match] if match is not None else None
         scale = lite["scale"] if lite is not None else None
-        if lite is not None and lite["value"].shape == qat.shape:
-            diff = np.abs(lite["value"] - qat)
-            sqnr_lite = sqnr_db(qat, lite["value"])
-        else:
-            diff, sqnr_lite, match = None, math.nan, None
         step = scale or math.nan
+        if lite is not None and qat.size:
+            diff = np.abs(lite["value"] - qat)
+            max_steps, mean_steps = float(diff.max() / step), float(diff.mean() / step)
+            sqnr_lite = sqnr_db(qat, lite["value"])
+            own_steps = float(np.abs(lite["value"] - own).max() / step)
+        else:
+            max_steps = mean_steps = sqnr_lite = own_steps = math.nan
         rows.append(TensorNumerics(
-            label, tensor, match, scale, sqnr_db(flt, qat), sqnr_lite,
-            float(diff.max() / step) if diff is not None and diff.size else math.nan,
-            float(diff.mean() / step) if diff is not None and diff.size else math.nan,
-            float(np.abs(qat - flt).max() / step) if qat.size else math.nan))
+            label, tensor, match, scale, sqnr_db(flt, qat), sqnr_lite, max_steps, mean_steps,
+            float(np.abs(qat - flt).max() / step) if qat.size else math.nan, own_steps))
     return NumericsReport(flavour, len(samples), rows, drift_steps)
+
+
+def _unquantized_tensors_tflite_rounds(path, graph: tf.Graph, forced: Dict[str, str],
+                                       tflite: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
+    """Tensors between rows that TFLite holds as integers: {eval tensor: TFLite tensor}.
+
+    Same-scale ops (pools, reshapes, resizes: `op_table.SAME_SCALE_TYPES`)
+    have no quantizer of their own. Most move values, but an average pool or a
+    bilinear resize computes new ones, which the eval graph keeps exact where
+    TFLite rounds them to the input's grid: half a step at most, which the
+    next layer's gain multiplies. Reading their outputs from TFLite too keeps
+    each row's own difference to that row's own kernel. A TFLite tensor is
+    named after the op whose output it holds first ("relu;BiasAdd;Conv2D").
+    """
+    by_first_op = {}
+    for name, value in tflite.items():
+        if value["integer"]:
+            by_first_op.setdefault(name.split(";")[0], []).append(name)
+    extra = {}
+    for op in structure.topological_order(path, graph):
+        if op.type not in op_table.SAME_SCALE_TYPES or not op.outputs:
+            continue
+        tensor = op.outputs[0]
+        if tensor.name in forced or tensor.dtype != tf.float32:
+            continue
+        for name in by_first_op.get(op.name, ()):
+            if tensor.shape.is_compatible_with(tflite[name]["value"].shape):
+                extra[tensor.name] = name
+                break
+    return extra
+
+
+def _run_given_tflite(graph_def, inputs: Dict[str, np.ndarray], names: Sequence[str],
+                      forced: Dict[str, str], tflite: Dict[str, Dict[str, Any]],
+                      batch_size: int) -> List[np.ndarray]:
+    """Each of `names` computed by the eval graph from TFLite's values before it.
+
+    `forced` maps the eval graph tensors read from TFLite to their TFLite tensors.
+    """
+    graph_def, placeholders = read_forced_inputs(graph_def, sorted(forced))
+    feeds = dict(inputs)
+    for name, match in forced.items():
+        feeds[placeholders[name]] = tflite[match]["value"].astype(np.float32)
+    return _run(graph_def, feeds, names, batch_size)
 
 
 def layer_numerics_from_session(sess: tf.compat.v1.Session, input_name: str,
