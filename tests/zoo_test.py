@@ -4,9 +4,13 @@ For each model: two training steps with a finite loss; the training
 checkpoint restores into a separately built eval graph with a plain, strict
 `Saver().restore`; uint8 and int8 TFLite models convert with zero float
 compute ops, through `qat.export` and through TensorFlow's converter with the
-README's flags; and the TFLite models agree with the eval graph. Where the
-case declares it (zoo_util.Case.outputs_vary), the eval graph and every
-TFLite model give different outputs for different examples.
+README's flags; and the TFLite models agree with the eval graph: every layer,
+computed by the eval graph from TFLite's own values of the layers before it,
+is within one quantization step of TFLite's (so no kernel disagrees; rows next
+to a concatenation excepted, see zoo_util.layer_agreement), and the outputs, where rounding differences have added up through the whole network,
+within a looser bound. Where the case declares it (zoo_util.Case.outputs_vary),
+the eval graph and every TFLite model give different outputs for different
+examples.
 """
 import os
 import tempfile
@@ -27,13 +31,19 @@ import zoo_util  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 
-# The eval graph and TFLite run the same integer grid; differences come from
-# rounding inside the integer kernels (requantisation, fixed-point
-# multipliers). The worst measured case is 2.30 steps (ResNet50V2; README
-# "The zoo"), and 1.46 to 2.30 over three initial weights. The zoo is
-# seeded, so the bound's margin (1.7x) is for other thread counts and
-# TensorFlow versions, not for run-to-run noise.
-_MAX_DIFF_STEPS = 4.0
+# Given the same inputs, a TFLite kernel and the eval graph differ only where
+# a value lies within float rounding (or the bias's int32 rounding) of a
+# rounding boundary: one step.
+_MAX_OWN_STEPS = 1.0 + 1e-3
+# Such one-step differences add up through the network, most where a layer's
+# gain is high (ResNet50V2's pre-activation batch norms amplify a one-step
+# input difference to six output steps). Worst measured end to end: 16.64
+# steps (DenseNet121 uint8; README "The zoo"). The zoo is seeded: the margin
+# (1.4x) is for other thread counts and TensorFlow versions.
+_MAX_DIFF_STEPS = 24.0
+# Rows TFLite keeps no tensor of (a layer's own range before a ReLU that
+# TFLite fuses into it) are not compared; the rest must be, at least half.
+_MIN_MATCHED_ROWS = 0.5
 _PARITY_EXAMPLES = 8
 
 
@@ -66,18 +76,35 @@ class ZooTest(parameterized.TestCase):
                         run_tflite(exported.model, inputs),
                         f"{flavour} (qat.export)")
             frozen = export.freeze_session(sess, [y.op.name])
+            for flavour, exported in models.items():
+                self._assert_each_layer_agrees(frozen, x, y, inputs, flavour,
+                                               exported.model)
             for flavour in ("uint8", "int8"):
                 model = zoo_util.convert_with_tf(sess, x, y, flavour,
                                                  input_range)
                 export.check_fully_integer(model, frozen,
                                            label=f"{name} {flavour} (TF)")
-                report = export.check_parity(model, frozen, x.name, y.name,
+                parity = export.check_parity(model, frozen, x.name, y.name,
                                              inputs,
                                              max_diff_steps=_MAX_DIFF_STEPS)
-                self.assertLessEqual(report.max_diff_steps, _MAX_DIFF_STEPS)
+                self.assertLessEqual(parity.max_diff_steps, _MAX_DIFF_STEPS)
+                if model != models[flavour].model:  # Same bytes: checked above.
+                    self._assert_each_layer_agrees(frozen, x, y, inputs, flavour,
+                                                   model)
                 if outputs_vary:
                     self._assert_outputs_vary(run_tflite(model, inputs),
                                               f"{flavour} (TF)")
+
+    def _assert_each_layer_agrees(self, frozen, x, y, inputs, flavour, model):
+        agreement = zoo_util.layer_agreement(frozen, x, y, inputs, flavour, model)
+        numerics = agreement.numerics
+        self.assertGreaterEqual(len(agreement.matched),
+                                _MIN_MATCHED_ROWS * len(numerics.rows), numerics.format())
+        self.assertIsNotNone(numerics.rows[-1].tflite_tensor, "the model output")
+        self.assertTrue(agreement.checked)
+        worst = agreement.worst
+        self.assertLessEqual(worst.max_own_steps, _MAX_OWN_STEPS,
+                             f"{flavour}: {worst.name}\n{numerics.format()}")
 
     def _assert_outputs_vary(self, outputs, label):
         """Parity means little if every example gets the same output."""

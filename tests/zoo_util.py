@@ -10,8 +10,9 @@ and agree with the eval graph. Used by tests/zoo_test.py and
 tools/bench_rewrite.py (`build_graph`).
 """
 import dataclasses
+import math
 import os
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Set, Tuple
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -21,6 +22,7 @@ import tf_keras as keras  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
+from qat import report  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 _APPS = keras.applications
@@ -33,7 +35,7 @@ class Case:
     size: Tuple[int, ...]                    # input shape without batch
     input_range: Tuple[float, float] = (0.0, 1.0)
     # Whether the eval graph's output (and TFLite's) differs between
-    # examples after the two training steps; see _COLLAPSED.
+    # examples after the two training steps; see _NEARLY_CONSTANT.
     outputs_vary: bool = True
 
 
@@ -111,30 +113,32 @@ def _hard_swish_se(x):
     return layers.Dense(10, name="logits")(net)
 
 
-# Models whose eval graph gives every example the same output after two
-# training steps. Their eval batch norms use moving statistics that two steps
-# (momentum 0.99 or 0.999) leave near their initial mean 0, variance 1, while
-# the activation ranges were taken from the batch-normalised training
-# activations: in eval mode the activations shrink from layer to layer until
-# they are under half a quantization step and round to zero, and the rest of
-# the network computes a constant (MobileNet: from its fifth conv on;
-# EfficientNetB0: eval activations 10-30 times smaller than their ranges;
-# InceptionV3: only its logits, every one of them rounding to zero).
-_COLLAPSED = {"outputs_vary": False}
+# Models whose outputs barely differ between examples. `train_two_steps`
+# recalibrates the batch norms, so no activation collapses to zero any more
+# (before, two steps left the moving statistics at their initial values and
+# every layer from MobileNet's fifth conv on computed a constant), but the
+# MobileNets' softmax, after two steps from random weights, gives nearly the
+# same probabilities to every input: the eval graph's outputs differ between
+# examples by under 0.3 output steps (1/256), so TFLite's differ by one step
+# or not at all, which says little. Their layers are compared one by one
+# (`layer_agreement`).
+_NEARLY_CONSTANT = {"outputs_vary": False}
 
 CASES: Dict[str, Case] = {
-    "mobilenet": Case(_app(_APPS.MobileNet), (32, 32, 3), **_COLLAPSED),
-    "mobilenet_v2": Case(_app(_APPS.MobileNetV2), (32, 32, 3), **_COLLAPSED),
+    # 64x64: at 32x32 MobileNet's last feature maps are 1x1 and mostly
+    # zero padding.
+    "mobilenet": Case(_app(_APPS.MobileNet), (64, 64, 3), **_NEARLY_CONSTANT),
+    "mobilenet_v2": Case(_app(_APPS.MobileNetV2), (32, 32, 3), **_NEARLY_CONSTANT),
     "mobilenet_v3_small": Case(_app(_APPS.MobileNetV3Small), (32, 32, 3),
-                               (0.0, 255.0), **_COLLAPSED),
+                               (0.0, 255.0), **_NEARLY_CONSTANT),
     "mobilenet_v3_large": Case(_app(_APPS.MobileNetV3Large), (32, 32, 3),
-                               (0.0, 255.0), **_COLLAPSED),
+                               (0.0, 255.0), **_NEARLY_CONSTANT),
     "resnet50": Case(_app(_APPS.ResNet50), (32, 32, 3)),
     "resnet50_v2": Case(_app(_APPS.ResNet50V2), (32, 32, 3)),
-    "inception_v3": Case(_app(_APPS.InceptionV3), (75, 75, 3), **_COLLAPSED),
+    "inception_v3": Case(_app(_APPS.InceptionV3), (75, 75, 3)),
     "densenet121": Case(_app(_APPS.DenseNet121), (32, 32, 3)),
     "efficientnet_b0": Case(_app(_APPS.EfficientNetB0), (32, 32, 3),
-                            (0.0, 255.0), **_COLLAPSED),
+                            (0.0, 255.0)),
     # No global pooling and inputs in [0, 4] date from activation ranges that
     # started at [-6, 6]; kept, the case feeds an input range other than
     # [0, 1] and [0, 255] through the converter flags.
@@ -166,19 +170,30 @@ def build_graph(name: str, training: bool, batch=None):
 
 
 def make_inputs(name: str, n: int, seed: int = 0) -> np.ndarray:
+    """n examples in the case's input range, each with its own layout.
+
+    I.i.d. noise alone gives every example the same statistics: a randomly
+    initialised network (two training steps) maps them all to nearly the
+    same deep features, and quantization to one output. So each example
+    is half noise, half a coarse random pattern (4 cells along each
+    spatial axis), scaled by a contrast of its own.
+    """
     case = CASES[name]
     lo, hi = case.input_range
     rng = np.random.RandomState(seed)
-    # Each example gets its own contrast: i.i.d. noise alone gives every
-    # example the same global statistics, so after global pooling (and the
-    # barely trained ranges of two steps) every output would be the same.
     contrast = np.linspace(0.2, 1.0, n).reshape((n,) + (1,) * len(case.size))
     noise = rng.uniform(0.0, 1.0, (n,) + case.size)
-    return (lo + (hi - lo) * contrast * noise).astype(np.float32)
+    coarse = rng.uniform(0.0, 1.0, (n,) + tuple(min(d, 4) for d in case.size[:-1])
+                         + case.size[-1:])
+    for axis, size in enumerate(case.size[:-1], start=1):
+        coarse = np.repeat(coarse, -(-size // coarse.shape[axis]), axis=axis)
+        coarse = coarse.take(np.arange(size), axis=axis)
+    pattern = 0.5 * coarse + 0.5 * noise
+    return (lo + (hi - lo) * contrast * pattern).astype(np.float32)
 
 
 def train_two_steps(name: str, checkpoint: str, batch: int = 2):
-    """Training graph, two steps; returns the two losses."""
+    """Training graph, two steps, batch norms recalibrated; returns the two losses."""
     g, x, y = build_graph(name, training=True)
     with g.as_default():
         labels = tf1.placeholder(tf.int64, [None], name="labels")
@@ -189,6 +204,7 @@ def train_two_steps(name: str, checkpoint: str, batch: int = 2):
         qat.experimental_create_training_graph(g, symmetric_weights=True)
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             train_op = tf1.train.AdamOptimizer(1e-4).minimize(loss)
+        recalibrate = _recalibrate_batch_norms(g)
         saver = tf1.train.Saver()
         losses = []
         with tf1.Session() as sess:
@@ -197,8 +213,39 @@ def train_two_steps(name: str, checkpoint: str, batch: int = 2):
                 feed = {x: make_inputs(name, batch, seed=step),
                         labels: np.arange(batch) % 10}
                 losses.append(sess.run([train_op, loss], feed)[1])
+            sess.run(recalibrate, {x: make_inputs(name, _CALIBRATION_EXAMPLES,
+                                                  seed=2)})
             saver.save(sess, checkpoint)
     return losses
+
+
+# Examples of the batch the moving statistics are recalibrated on.
+_CALIBRATION_EXAMPLES = 8
+
+
+def _recalibrate_batch_norms(graph: tf.Graph) -> tf.Operation:
+    """Sets every training batch norm's moving mean and variance to its batch's.
+
+    Two training steps leave the moving statistics near their initial mean 0,
+    variance 1 (momentum 0.99 or 0.999), while the activation ranges were
+    taken from the batch-normalised training activations. In eval mode the
+    activations then shrink from layer to layer until they round to zero and
+    the network computes a constant: parity would hold trivially. Assigning
+    the batch statistics of one calibration batch (as after a long training)
+    makes the eval graph compute what the training graph does. A training
+    FusedBatchNorm of tf_keras reads its moving mean and variance (inputs 3
+    and 4) from resource variables. Unfused batch norms are left alone.
+    """
+    updates = []
+    for op in graph.get_operations():
+        if (op.type in ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+                and op.get_attr("is_training")):
+            for moving, batch in ((op.inputs[3], op.outputs[1]),
+                                  (op.inputs[4], op.outputs[2])):
+                assert moving.op.type == "ReadVariableOp", moving.op.name
+                updates.append(tf.raw_ops.AssignVariableOp(
+                    resource=moving.op.inputs[0], value=batch))
+    return tf.group(*updates, name="recalibrate_batch_norms")
 
 
 def eval_session(name: str, checkpoint: str):
@@ -233,3 +280,65 @@ def convert_with_tf(sess, x, y, flavour: str, input_range) -> bytes:
         converter.inference_type = tf.uint8
     converter.quantized_input_stats = {x.op.name: (mean, std)}
     return converter.convert()
+
+
+@dataclasses.dataclass
+class LayerAgreement:
+    """Per-layer numerics of one TFLite model against the eval graph."""
+    numerics: "report.NumericsReport"
+    matched: List["report.TensorNumerics"]  # Rows with a TFLite tensor.
+    checked: List["report.TensorNumerics"]  # Matched, integer, and not beside a concat.
+
+    @property
+    def worst(self) -> "report.TensorNumerics":
+        """The checked row whose own difference (TFLite's inputs given) is largest."""
+        return max(self.checked, key=lambda row: row.max_own_steps)
+
+
+def layer_agreement(frozen, x, y, inputs, flavour: str, model: bytes) -> LayerAgreement:
+    """Each layer of `model` against the eval graph, given TFLite's own inputs.
+
+    Rows beside a concatenation are not checked (README "Known limits"):
+    TFLite gives a concatenation one scale for its inputs and output. In int8
+    every input takes the concatenation's scale, where the eval graph first
+    quantizes it with its own range; in both flavours an input with no range
+    of its own (a pool's output) is requantized to it, and the other readers
+    of that tensor read the requantized values.
+    """
+    numerics = report.layer_numerics(frozen, x.name, [y.op.name], inputs,
+                                     flavour=flavour, model=model)
+    matched = [r for r in numerics.rows if r.tflite_tensor is not None]
+    beside = _rows_beside_concat(frozen, numerics, quantized_inputs=flavour == "int8")
+    checked = [r for r in matched  # A float TFLite tensor has no steps.
+               if not math.isnan(r.max_own_steps) and r.name not in beside]
+    return LayerAgreement(numerics, matched, checked)
+
+
+def _rows_beside_concat(frozen, numerics, quantized_inputs: bool) -> Set[str]:
+    """Rows whose output, or a tensor their layer reads, a concatenation reads.
+
+    With `quantized_inputs` False, only concatenation inputs that are no row
+    (have no range of their own) count.
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.import_graph_def(frozen, name="")
+    row_tensors = {r.tensor for r in numerics.rows}
+    concat_inputs = {t.name for op in graph.get_operations() if op.type == "ConcatV2"
+                     for t in op.inputs[:-1]}
+    if not quantized_inputs:
+        concat_inputs -= row_tensors
+    beside = set()
+    for row in numerics.rows:
+        start = graph.get_tensor_by_name(row.tensor)
+        seen, stack = set(), [start]
+        while stack:  # Back from the row to the rows (or graph inputs) before it.
+            tensor = stack.pop()
+            if tensor.name in seen:
+                continue
+            seen.add(tensor.name)
+            if tensor is start or tensor.name not in row_tensors:
+                stack.extend(tensor.op.inputs)
+        if seen & concat_inputs:
+            beside.add(row.name)
+    return beside

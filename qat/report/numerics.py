@@ -33,8 +33,8 @@ from qat.export import convert as convert_lib
 from qat.export import freeze
 from qat.export import inspect
 from qat.export import parity
-from qat.quantize import op_table
 from qat.report import structure
+from qat.report import tflite_names
 
 DRIFT_STEPS = 1.0  # A TFLite tensor off by more than this many steps "drifts".
 _STEP_TOLERANCE = 1e-3  # Float rounding of diff / scale: 1.0000001 steps is one step.
@@ -161,7 +161,7 @@ def bypass_fake_quants(graph_def: tf.compat.v1.GraphDef) -> tf.compat.v1.GraphDe
 
 
 def read_forced_inputs(graph_def: tf.compat.v1.GraphDef, tensors: Sequence[str]
-                       ) -> tf.compat.v1.GraphDef:
+                       ) -> Tuple[tf.compat.v1.GraphDef, Dict[str, str]]:
     """A copy of `graph_def` whose ops read each of `tensors` from a placeholder.
 
     Each tensor keeps its producer (so it can still be fetched and compared),
@@ -255,46 +255,6 @@ def run_tflite_tensors(model: bytes, samples: np.ndarray, batch_size: int = 64
     return result
 
 
-def _name_parts(name: str, graph_ops: set):
-    """The TF op names a TFLite tensor is named after ("relu;BiasAdd;Conv2D")."""
-    for part in name.split(";"):
-        yield part
-        stripped = part.rstrip("0123456789")  # TFLite's de-duplicating suffix.
-        if stripped != part and part not in graph_ops:
-            yield stripped
-
-
-def _match_rows(rows_spec, values: Sequence[np.ndarray], tflite: Dict[str, Dict[str, Any]],
-                graph_ops: set) -> List[Optional[str]]:
-    """The TFLite tensor of each row: None where none matched.
-
-    A row takes a tensor of its shape named after its first candidate TF op
-    that has one (quantized tensors first). A fused TFLite op names its tensor
-    after every TF op it fused ("relu;BiasAdd;Conv2D") and holds the last
-    one's output, so a tensor named after the ops of several rows (a layer's
-    own quantizer and its activation's) belongs to the last of them only.
-    """
-    rows_of_op: Dict[str, List[int]] = {}
-    for i, (_, _, candidates) in enumerate(rows_spec):
-        for candidate in candidates:
-            rows_of_op.setdefault(candidate, []).append(i)
-    parts = {name: set(_name_parts(name, graph_ops)) for name in tflite}
-    last_row = {name: max((i for part in parts[name] for i in rows_of_op.get(part, ())),
-                          default=-1) for name in tflite}
-    matches = []
-    for i, ((_, _, candidates), value) in enumerate(zip(rows_spec, values)):
-        match = None
-        for candidate in candidates:
-            found = [name for name in tflite
-                     if candidate in parts[name] and last_row[name] == i
-                     and tflite[name]["value"].shape == value.shape]
-            if found:
-                match = min(found, key=lambda name: not tflite[name]["integer"])
-                break
-        matches.append(match)
-    return matches
-
-
 def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
                    output_names: Sequence[str], samples: np.ndarray,
                    flavour: str = "uint8", model: Optional[bytes] = None,
@@ -342,10 +302,10 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
     float_values = _run(bypass_fake_quants(frozen_graph_def), inputs, names, batch_size)
     tflite = run_tflite_tensors(model, samples, batch_size)
     graph_ops = {op.name for op in graph.get_operations()}
-    matches = _match_rows(rows_spec, qat_values, tflite, graph_ops)
+    matches = tflite_names.match_rows(rows_spec, qat_values, tflite, graph_ops)
     forced = {name: match for name, match, qat in zip(names, matches, qat_values)
               if match is not None and qat.dtype == np.float32}
-    forced.update(_unquantized_tensors_tflite_rounds(path, graph, forced, tflite))
+    forced.update(tflite_names.unquantized_tensors_tflite_rounds(path, graph, forced, tflite))
     own_values = _run_given_tflite(frozen_graph_def, inputs, names, forced, tflite,
                                    batch_size)
     rows = []
@@ -365,36 +325,6 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
             label, tensor, match, scale, sqnr_db(flt, qat), sqnr_lite, max_steps, mean_steps,
             float(np.abs(qat - flt).max() / step) if qat.size else math.nan, own_steps))
     return NumericsReport(flavour, len(samples), rows, drift_steps)
-
-
-def _unquantized_tensors_tflite_rounds(path, graph: tf.Graph, forced: Dict[str, str],
-                                       tflite: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
-    """Tensors between rows that TFLite holds as integers: {eval tensor: TFLite tensor}.
-
-    Same-scale ops (pools, reshapes, resizes: `op_table.SAME_SCALE_TYPES`)
-    have no quantizer of their own. Most move values, but an average pool or a
-    bilinear resize computes new ones, which the eval graph keeps exact where
-    TFLite rounds them to the input's grid: half a step at most, which the
-    next layer's gain multiplies. Reading their outputs from TFLite too keeps
-    each row's own difference to that row's own kernel. A TFLite tensor is
-    named after the op whose output it holds first ("relu;BiasAdd;Conv2D").
-    """
-    by_first_op = {}
-    for name, value in tflite.items():
-        if value["integer"]:
-            by_first_op.setdefault(name.split(";")[0], []).append(name)
-    extra = {}
-    for op in structure.topological_order(path, graph):
-        if op.type not in op_table.SAME_SCALE_TYPES or not op.outputs:
-            continue
-        tensor = op.outputs[0]
-        if tensor.name in forced or tensor.dtype != tf.float32:
-            continue
-        for name in by_first_op.get(op.name, ()):
-            if tensor.shape.is_compatible_with(tflite[name]["value"].shape):
-                extra[tensor.name] = name
-                break
-    return extra
 
 
 def _run_given_tflite(graph_def, inputs: Dict[str, np.ndarray], names: Sequence[str],

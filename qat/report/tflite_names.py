@@ -1,0 +1,94 @@
+"""Which eval-graph tensor each TFLite tensor holds, read from TFLite's names.
+
+The converter names a tensor after the TF ops it fused into the op that
+computes it, the op whose output it holds first: "relu;BiasAdd;Conv2D" holds
+the ReLU's output. It appends a digit to make a name unique
+("pool/AvgPool1": a requantized copy of "pool/AvgPool"). `layer_numerics`
+uses these rules to compare each activation quantizer (a "row") with its
+TFLite tensor, and to read the tensors between rows from TFLite.
+"""
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from qat.quantize import op_table
+from qat.report import structure
+
+
+def _name_parts(name: str, graph_ops: set):
+    """The TF op names a TFLite tensor is named after ("relu;BiasAdd;Conv2D")."""
+    for part in name.split(";"):
+        yield part
+        stripped = part.rstrip("0123456789")  # TFLite's de-duplicating suffix.
+        if stripped != part and part not in graph_ops:
+            yield stripped
+
+
+def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
+               tflite: Dict[str, Dict[str, Any]], graph_ops: set) -> List[Optional[str]]:
+    """The TFLite tensor of each row: None where none matched.
+
+    Args:
+      rows_spec: (label, eval tensor, candidate TF op names) per row, in
+        graph order.
+      values: the eval graph's value of each row (for its shape).
+      tflite: `run_tflite_tensors`' result.
+      graph_ops: the eval graph's op names.
+
+    A row takes a tensor of its shape named after its first candidate TF op
+    that has one (quantized tensors first). A fused TFLite op names its tensor
+    after every TF op it fused ("relu;BiasAdd;Conv2D") and holds the last
+    one's output, so a tensor named after the ops of several rows (a layer's
+    own quantizer and its activation's) belongs to the last of them only.
+    """
+    rows_of_op: Dict[str, List[int]] = {}
+    for i, (_, _, candidates) in enumerate(rows_spec):
+        for candidate in candidates:
+            rows_of_op.setdefault(candidate, []).append(i)
+    parts = {name: set(_name_parts(name, graph_ops)) for name in tflite}
+    last_row = {name: max((i for part in parts[name] for i in rows_of_op.get(part, ())),
+                          default=-1) for name in tflite}
+    matches = []
+    for i, ((_, _, candidates), value) in enumerate(zip(rows_spec, values)):
+        match = None
+        for candidate in candidates:
+            found = [name for name in tflite
+                     if candidate in parts[name] and last_row[name] == i
+                     and tflite[name]["value"].shape == value.shape]
+            if found:
+                match = min(found, key=lambda name: not tflite[name]["integer"])
+                break
+        matches.append(match)
+    return matches
+
+
+def unquantized_tensors_tflite_rounds(path: Sequence[tf.Operation], graph: tf.Graph,
+                                      forced: Dict[str, str], tflite: Dict[str, Dict[str, Any]]
+                                      ) -> Dict[str, str]:
+    """Tensors between rows that TFLite holds as integers: {eval tensor: TFLite tensor}.
+
+    Same-scale ops (pools, reshapes, resizes: `op_table.SAME_SCALE_TYPES`)
+    have no quantizer of their own. Most move values, but an average pool or a
+    bilinear resize computes new ones, which the eval graph keeps exact where
+    TFLite rounds them to the input's grid: half a step at most, which the
+    next layer's gain multiplies. Reading their outputs from TFLite too keeps
+    each row's own difference to that row's own kernel. A TFLite tensor is
+    named after the op whose output it holds first ("relu;BiasAdd;Conv2D").
+    """
+    by_first_op = {}
+    for name, value in tflite.items():
+        if value["integer"]:
+            by_first_op.setdefault(name.split(";")[0], []).append(name)
+    extra = {}
+    for op in structure.topological_order(path, graph):
+        if op.type not in op_table.SAME_SCALE_TYPES or not op.outputs:
+            continue
+        tensor = op.outputs[0]
+        if tensor.name in forced or tensor.dtype != tf.float32:
+            continue
+        for name in by_first_op.get(op.name, ()):
+            if tensor.shape.is_compatible_with(tflite[name]["value"].shape):
+                extra[tensor.name] = name
+                break
+    return extra
