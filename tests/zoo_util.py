@@ -1,13 +1,13 @@
 """The zoo: real architectures and hand-built blocks, trained, restored, exported.
 
-`run_case(name, workdir)` builds the training graph of one zoo model with
-`experimental_create_training_graph(symmetric_weights=True)`, runs two
-training steps, saves a checkpoint, builds the eval graph separately, restores
-it with a plain strict `Saver().restore`, and exports uint8 and int8 TFLite
-models twice: through `qat.export.export_tflite` and through TensorFlow's own
-converter with the flags the README gives. Every model must be fully integer
-and agree with the eval graph. Used by tests/zoo_test.py and
-tools/bench_rewrite.py (`build_graph`).
+`CASES` names each model; `build_graph` builds one in a new graph,
+`train_two_steps` trains it for two steps with
+`experimental_create_training_graph(symmetric_weights=True)` and saves a
+checkpoint (batch norms recalibrated), `eval_session` restores that
+checkpoint into a separately built eval graph with a plain strict
+`Saver().restore`, `convert_with_tf` converts with TensorFlow's own converter
+and the README's flags, and `layer_agreement` compares a TFLite model with the
+eval graph layer by layer. Used by tests/zoo_test.py.
 """
 import dataclasses
 import math
