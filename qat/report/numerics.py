@@ -332,8 +332,12 @@ def _run_given_tflite(graph_def, inputs: Dict[str, np.ndarray], names: Sequence[
                       batch_size: int) -> List[np.ndarray]:
     """Each of `names` computed by the eval graph from TFLite's values before it.
 
-    `forced` maps the eval graph tensors read from TFLite to their TFLite tensors.
+    `forced` maps the eval graph tensors read from TFLite to their TFLite
+    tensors; those without an example axis (values of one batch) are not read.
     """
+    count = len(next(iter(inputs.values())))
+    forced = {name: match for name, match in forced.items()
+              if np.ndim(tflite[match]["value"]) and len(tflite[match]["value"]) == count}
     graph_def, placeholders = read_forced_inputs(graph_def, sorted(forced))
     feeds = dict(inputs)
     for name, match in forced.items():
