@@ -22,7 +22,9 @@ import tf_keras as keras  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
+from qat import graph_editor as ge  # pylint: disable=g-import-not-at-top
 from qat import report  # pylint: disable=g-import-not-at-top
+from qat.quantize import patterns as quantize_patterns  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 _APPS = keras.applications
@@ -238,8 +240,7 @@ def _recalibrate_batch_norms(graph: tf.Graph) -> tf.Operation:
     """
     updates = []
     for op in graph.get_operations():
-        if (op.type in ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
-                and op.get_attr("is_training")):
+        if op.type in quantize_patterns.BATCH_NORM_TYPES and op.get_attr("is_training"):
             for moving, batch in ((op.inputs[3], op.outputs[1]),
                                   (op.inputs[4], op.outputs[2])):
                 assert moving.op.type == "ReadVariableOp", moving.op.name
@@ -331,14 +332,10 @@ def _rows_beside_concat(frozen, numerics, quantized_inputs: bool) -> Set[str]:
     beside = set()
     for row in numerics.rows:
         start = graph.get_tensor_by_name(row.tensor)
-        seen, stack = set(), [start]
-        while stack:  # Back from the row to the rows (or graph inputs) before it.
-            tensor = stack.pop()
-            if tensor.name in seen:
-                continue
-            seen.add(tensor.name)
-            if tensor is start or tensor.name not in row_tensors:
-                stack.extend(tensor.op.inputs)
-        if seen & concat_inputs:
+        # Back from the row to the rows (or graph inputs) before it.
+        stops = [graph.get_tensor_by_name(name) for name in row_tensors - {start.name}]
+        read = {start.name} | {t.name for op in ge.get_backward_walk_ops(start, stop_at_ts=stops)
+                               for t in op.inputs}
+        if read & concat_inputs:
             beside.add(row.name)
     return beside

@@ -46,16 +46,20 @@ def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
     for i, (_, _, candidates) in enumerate(rows_spec):
         for candidate in candidates:
             rows_of_op.setdefault(candidate, []).append(i)
-    parts = {name: set(_name_parts(name, graph_ops)) for name in tflite}
-    last_row = {name: max((i for part in parts[name] for i in rows_of_op.get(part, ())),
-                          default=-1) for name in tflite}
+    names_of_op: Dict[str, List[str]] = {}
+    last_row = {}
+    for name in tflite:
+        parts = set(_name_parts(name, graph_ops))
+        for part in parts:
+            names_of_op.setdefault(part, []).append(name)
+        last_row[name] = max((i for part in parts for i in rows_of_op.get(part, ())),
+                             default=-1)
     matches = []
     for i, ((_, _, candidates), value) in enumerate(zip(rows_spec, values)):
         match = None
         for candidate in candidates:
-            found = [name for name in tflite
-                     if candidate in parts[name] and last_row[name] == i
-                     and tflite[name]["value"].shape == value.shape]
+            found = [name for name in names_of_op.get(candidate, ())
+                     if last_row[name] == i and tflite[name]["value"].shape == value.shape]
             if found:
                 match = min(found, key=lambda name: not tflite[name]["integer"])
                 break
