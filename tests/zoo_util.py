@@ -138,7 +138,7 @@ CASES: Dict[str, Case] = {
     # Logits as the output (no softmax), as many TFLite exports are: the
     # 1x1-conv classifier head, read by a Reshape, is the model output.
     "mobilenet_logits": Case(_app(_APPS.MobileNet, classifier_activation=None),
-                             (64, 64, 3)),
+                             (64, 64, 3), **_NEARLY_CONSTANT),
     "mobilenet_v3_small_logits": Case(
         _app(_APPS.MobileNetV3Small, classifier_activation=None), (32, 32, 3),
         (0.0, 255.0)),
