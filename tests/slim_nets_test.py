@@ -131,6 +131,9 @@ class Net:
     build: Callable[[tf.Tensor, bool], Tuple[tf.Tensor, tf.Tensor]]
     arg_scope: Callable[[], dict]
     size: int  # The smallest input side the net accepts (or a small one).
+    # Whether the outputs differ between examples after two steps (as
+    # zoo_util.Case.outputs_vary).
+    outputs_vary: bool = True
 
 
 def _inception(fn, **kwargs):
@@ -156,9 +159,13 @@ def _mobilenet(images, is_training):
 
 
 NETS = {
-    # Its final 7x7 VALID average pool needs 224.
+    # Its final 7x7 VALID average pool needs 224. After two steps from random
+    # weights its pooled features differ between examples by about 3e-4 (of
+    # 0.22), and the logits by far less than one quantization step (measured
+    # in the uint8 flavour): every example gets the same output, so parity
+    # says little there; its layers are compared one by one.
     "inception_v1": Net(_inception(inception.inception_v1),
-                        inception.inception_v1_arg_scope, 224),
+                        inception.inception_v1_arg_scope, 224, outputs_vary=False),
     "inception_v2": Net(_inception(inception.inception_v2),
                         inception.inception_v2_arg_scope, 64),
     # 75 is the smallest the VALID stem accepts; the auxiliary head needs more.
@@ -247,7 +254,8 @@ class SlimNetsTest(zoo_util.ZooAssertions, parameterized.TestCase):
         with sess:
             reference = export.run_graph(sess, x.name, y.name, inputs)
             self.assertTrue(np.all(np.isfinite(reference)))
-            self.assert_outputs_vary(reference, "eval graph")
+            if net.outputs_vary:
+                self.assert_outputs_vary(reference, "eval graph")
             flavours = FLAVOURS[flavour][2]
             models = export.export_tflite(
                 [x.name], [y.name], workdir, sess=sess, flavours=flavours,
@@ -257,8 +265,9 @@ class SlimNetsTest(zoo_util.ZooAssertions, parameterized.TestCase):
             frozen = export.freeze_session(sess, [y.op.name])
             for export_flavour in flavours:
                 exported = models[export_flavour].model
-                self.assert_outputs_vary(run_tflite(exported, inputs),
-                                          f"{export_flavour} (qat.export)")
+                if net.outputs_vary:
+                    self.assert_outputs_vary(run_tflite(exported, inputs),
+                                             f"{export_flavour} (qat.export)")
                 self.assert_each_layer_agrees(frozen, x, y, inputs, export_flavour, exported)
                 model = zoo_util.convert_with_tf(sess, x, y, export_flavour, _INPUT_RANGE)
                 export.check_fully_integer(model, frozen, label=f"{name} {export_flavour} (TF)")
