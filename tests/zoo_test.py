@@ -4,7 +4,7 @@ For each model: two training steps with a finite loss; the training
 checkpoint restores into a separately built eval graph with a plain, strict
 `Saver().restore`; uint8 and int8 TFLite models convert with zero float
 compute ops, through `qat.export` and through TensorFlow's converter with the
-README's flags; and the TFLite models agree with the eval graph: every layer,
+flags of docs/int8_export.md; and the TFLite models agree with the eval graph: every layer,
 computed by the eval graph from TFLite's own values of the layers before it,
 is within one quantization step of TFLite's (so no kernel disagrees; rows next
 to a concatenation excepted, see zoo_util.layer_agreement), and the outputs, where rounding differences have added up through the whole network,
@@ -38,7 +38,7 @@ _MAX_OWN_STEPS = 1.0 + 1e-3
 # Such one-step differences add up through the network, most where a layer's
 # gain is high (ResNet50V2's pre-activation batch norms amplify a one-step
 # input difference to six output steps). Worst measured end to end: 16.64
-# steps (DenseNet121 uint8; README "The zoo"). The zoo is seeded: the margin
+# steps (DenseNet121 uint8; docs/performance.md "The zoo"). The zoo is seeded: the margin
 # (1.4x) is for other thread counts and TensorFlow versions.
 _MAX_DIFF_STEPS = 24.0
 # Rows TFLite keeps no tensor of (a layer's own range before a ReLU that

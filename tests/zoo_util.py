@@ -6,7 +6,7 @@
 checkpoint (batch norms recalibrated), `eval_session` restores that
 checkpoint into a separately built eval graph with a plain strict
 `Saver().restore`, `convert_with_tf` converts with TensorFlow's own converter
-and the README's flags, and `layer_agreement` compares a TFLite model with the
+and the flags of docs/int8_export.md, and `layer_agreement` compares a TFLite model with the
 eval graph layer by layer. Used by tests/zoo_test.py.
 """
 import dataclasses
@@ -260,7 +260,7 @@ def eval_session(name: str, checkpoint: str):
 
 
 def convert_with_tf(sess, x, y, flavour: str, input_range) -> bytes:
-    """TensorFlow's own converter with the README's flags (no qat.export)."""
+    """TensorFlow's own converter with the flags of docs/int8_export.md (no qat.export)."""
     frozen = tf1.graph_util.convert_variables_to_constants(
         sess, sess.graph.as_graph_def(), [y.op.name])
     g = tf.Graph()
@@ -299,7 +299,7 @@ class LayerAgreement:
 def layer_agreement(frozen, x, y, inputs, flavour: str, model: bytes) -> LayerAgreement:
     """Each layer of `model` against the eval graph, given TFLite's own inputs.
 
-    Rows beside a concatenation are not checked (README "Known limits"):
+    Rows beside a concatenation are not checked (docs/known_limits.md):
     TFLite gives a concatenation one scale for its inputs and output. In int8
     every input takes the concatenation's scale, where the eval graph first
     quantizes it with its own range; in both flavours an input with no range
