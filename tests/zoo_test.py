@@ -4,7 +4,7 @@ For each model: two training steps with a finite loss; the training
 checkpoint restores into a separately built eval graph with a plain, strict
 `Saver().restore`; uint8 and int8 TFLite models convert with zero float
 compute ops, through `qat.export` and through TensorFlow's converter with the
-README's flags; and the TFLite models agree with the eval graph: every layer,
+flags of docs/int8_export.md; and the TFLite models agree with the eval graph: every layer,
 computed by the eval graph from TFLite's own values of the layers before it,
 is within one quantization step of TFLite's (so no kernel disagrees; rows next
 to a concatenation excepted, see zoo_util.layer_agreement), and the outputs, where rounding differences have added up through the whole network,

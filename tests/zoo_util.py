@@ -6,7 +6,7 @@
 checkpoint (batch norms recalibrated), `eval_session` restores that
 checkpoint into a separately built eval graph with a plain strict
 `Saver().restore`, `convert_with_tf` converts with TensorFlow's own converter
-and the README's flags, and `layer_agreement` compares a TFLite model with the
+and the flags of docs/int8_export.md, and `layer_agreement` compares a TFLite model with the
 eval graph layer by layer. `make_pattern_inputs` and `recalibrate_batch_norms`
 work on any model. Used by tests/zoo_test.py and tests/slim_nets_test.py.
 """
@@ -277,7 +277,7 @@ def eval_session(name: str, checkpoint: str):
 
 
 def convert_with_tf(sess, x, y, flavour: str, input_range) -> bytes:
-    """TensorFlow's own converter with the README's flags (no qat.export)."""
+    """TensorFlow's own converter with the flags of docs/int8_export.md (no qat.export)."""
     frozen = tf1.graph_util.convert_variables_to_constants(
         sess, sess.graph.as_graph_def(), [y.op.name])
     g = tf.Graph()
@@ -316,7 +316,7 @@ class LayerAgreement:
 def layer_agreement(frozen, x, y, inputs, flavour: str, model: bytes) -> LayerAgreement:
     """Each layer of `model` against the eval graph, given TFLite's own inputs.
 
-    Rows beside a concatenation are not checked (README "Known limits"):
+    Rows beside a concatenation are not checked (docs/known_limits.md):
     TFLite gives a concatenation one scale for its inputs and output. In int8
     every input takes the concatenation's scale, where the eval graph first
     quantizes it with its own range; in both flavours an input with no range
@@ -365,7 +365,7 @@ MAX_OWN_STEPS = 1.0 + 1e-3
 # Such one-step differences add up through the network, most where a layer's
 # gain is high (ResNet50V2's pre-activation batch norms amplify a one-step
 # input difference to six output steps). Worst measured end to end: 16.64
-# steps (DenseNet121 uint8; README "The zoo"). The zoo is seeded: the margin
+# steps (DenseNet121 uint8; docs/performance.md "The zoo"). The zoo is seeded: the margin
 # (1.4x) is for other thread counts and TensorFlow versions.
 MAX_DIFF_STEPS = 24.0
 # Rows TFLite keeps no tensor of (a layer's own range before a ReLU that
