@@ -55,6 +55,18 @@ _EPILOGUES = {
             assert os.path.getsize(path) > 0, path
         assert "tensors left float: 0" in coverage.format()
     """,
+    "docs/coming_from_contrib.md": """
+        import tensorflow as _tf
+        for _name in ("tensorflow.contrib.layers", "tensorflow.contrib.learn"):
+            try:
+                if _name.endswith("learn"):
+                    _tf.contrib.learn
+                else:
+                    __import__(_name)
+                raise AssertionError(_name + " was not refused")
+            except (ImportError, AttributeError) as _e:
+                assert "qat.compat provides only" in str(_e), str(_e)
+    """,
     "docs/distributed_training.md": """
         qat_variables = [v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
                          if "quant" in v.op.name or v.op.name == "fake_quantization_step"]
