@@ -47,21 +47,33 @@ _MIN_MATCHED_ROWS = 0.5
 _PARITY_EXAMPLES = 8
 
 
-class ZooTest(parameterized.TestCase):
+class ZooChecks:
+    """The zoo's procedure for one case, as assertions of a TestCase mixin.
 
-    @parameterized.named_parameters(*[(name, name) for name in zoo_util.CASES])
-    def test_train_restore_export(self, name):
+    tests/new_arch_test.py runs it on issue #21's blocks
+    (tests/arch_cases.py).
+    """
+
+    def check_train_restore_export(self, name: str) -> dict:
+        """Trains, restores, exports and compares case `name` (see the module).
+
+        Returns:
+          {label: (max output steps, worst own steps of a layer)} for each
+          flavour of qat.export ("uint8", "int8") and of TF's converter
+          ("uint8 (TF)", "int8 (TF)").
+        """
+        figures = {}
         workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
         checkpoint = os.path.join(workdir, "ckpt", "model")
         losses = zoo_util.train_two_steps(name, checkpoint)
         self.assertTrue(np.all(np.isfinite(losses)), losses)
         sess, x, y = zoo_util.eval_session(name, checkpoint)  # strict restore
         inputs = zoo_util.make_inputs(name, _PARITY_EXAMPLES, seed=5)
-        input_range = zoo_util.CASES[name].input_range
+        input_range = zoo_util.case_of(name).input_range
         with sess:
             reference = export.run_graph(sess, x.name, y.name, inputs)
             self.assertTrue(np.all(np.isfinite(reference)))
-            outputs_vary = zoo_util.CASES[name].outputs_vary
+            outputs_vary = zoo_util.case_of(name).outputs_vary
             if outputs_vary:
                 self._assert_outputs_vary(reference, "eval graph")
             models = export.export_tflite(
@@ -77,8 +89,9 @@ class ZooTest(parameterized.TestCase):
                         f"{flavour} (qat.export)")
             frozen = export.freeze_session(sess, [y.op.name])
             for flavour, exported in models.items():
-                self._assert_each_layer_agrees(frozen, x, y, inputs, flavour,
-                                               exported.model)
+                worst = self._assert_each_layer_agrees(frozen, x, y, inputs, flavour,
+                                                       exported.model)
+                figures[flavour] = (exported.parity.max_diff_steps, worst)
             for flavour in ("uint8", "int8"):
                 model = zoo_util.convert_with_tf(sess, x, y, flavour,
                                                  input_range)
@@ -88,12 +101,15 @@ class ZooTest(parameterized.TestCase):
                                              inputs,
                                              max_diff_steps=_MAX_DIFF_STEPS)
                 self.assertLessEqual(parity.max_diff_steps, _MAX_DIFF_STEPS)
+                worst = figures[flavour][1]
                 if model != models[flavour].model:  # Same bytes: checked above.
-                    self._assert_each_layer_agrees(frozen, x, y, inputs, flavour,
-                                                   model)
+                    worst = self._assert_each_layer_agrees(frozen, x, y, inputs,
+                                                           flavour, model)
+                figures[f"{flavour} (TF)"] = (parity.max_diff_steps, worst)
                 if outputs_vary:
                     self._assert_outputs_vary(run_tflite(model, inputs),
                                               f"{flavour} (TF)")
+        return figures
 
     def _assert_each_layer_agrees(self, frozen, x, y, inputs, flavour, model):
         agreement = zoo_util.layer_agreement(frozen, x, y, inputs, flavour, model)
@@ -105,12 +121,20 @@ class ZooTest(parameterized.TestCase):
         worst = agreement.worst
         self.assertLessEqual(worst.max_own_steps, _MAX_OWN_STEPS,
                              f"{flavour}: {worst.name}\n{numerics.format()}")
+        return worst.max_own_steps
 
     def _assert_outputs_vary(self, outputs, label):
         """Parity means little if every example gets the same output."""
         flat = np.reshape(outputs, (len(outputs), -1))
         self.assertGreater(len(np.unique(flat, axis=0)), 1,
                            f"{label}: the same output for every example")
+
+
+class ZooTest(ZooChecks, parameterized.TestCase):
+
+    @parameterized.named_parameters(*[(name, name) for name in zoo_util.CASES])
+    def test_train_restore_export(self, name):
+        self.check_train_restore_export(name)
 
 
 if __name__ == "__main__":

@@ -152,12 +152,22 @@ CASES: Dict[str, Case] = {
 }
 
 
+# Cases outside the zoo (tests/arch_cases.py) that the helpers below accept by
+# name; tests/zoo_test.py runs `CASES` only.
+EXTRA_CASES: Dict[str, Case] = {}
+
+
+def case_of(name: str) -> Case:
+    """The case called `name`, from `CASES` or `EXTRA_CASES`."""
+    return CASES[name] if name in CASES else EXTRA_CASES[name]
+
+
 def build_graph(name: str, training: bool, batch=None):
     """Builds one zoo model in a new graph; returns (graph, input, output).
 
     The output is `tf.identity(<model output>, name="output")`.
     """
-    case = CASES[name]
+    case = case_of(name)
     g = tf.Graph()
     with g.as_default():
         # tf_keras draws each unseeded initializer's seed from Python's
@@ -180,7 +190,7 @@ def make_inputs(name: str, n: int, seed: int = 0) -> np.ndarray:
     is half noise, half a coarse random pattern (4 cells along each
     spatial axis), scaled by a contrast of its own.
     """
-    case = CASES[name]
+    case = case_of(name)
     lo, hi = case.input_range
     rng = np.random.RandomState(seed)
     contrast = np.linspace(0.2, 1.0, n).reshape((n,) + (1,) * len(case.size))

@@ -22,18 +22,18 @@ of the ops that read it. The kinds follow TFLite's 8-bit quantization spec
 
 Structures matched as a whole (patterns, in `qat.matching.matcher` style):
 
-* HARD_SWISH, `x * relu6(x + 3) / 6` in its usual spellings: the converter
-  turns it into one integer HARD_SWISH op when nothing is quantized inside,
-  so only its output gets a range.
+* Activations written as several ops that the converter turns into one
+  integer op when nothing is quantized inside (HARD_SWISH, GELU): declared in
+  `qat.quantize.activation_patterns`; only their output gets a range.
 * DROPOUT, `Select(random >= rate, x * scale, 0)`: exists in training graphs
   only; looked through (like a same-scale op) so that training and eval
   graphs plan, and name, the same ranges.
 """
-from typing import List, Optional, Set
+from typing import Optional, Set
 
 import tensorflow as tf
 
-from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
+from qat.matching.matcher import GraphMatcher, OpTypePattern
 
 OWN_RANGE_TYPES = frozenset([
     "Add", "AddV2", "BiasAdd", "Sub", "Mul", "Mean", "Sum", "ConcatV2",
@@ -82,30 +82,6 @@ _RANDOM_PREFIXES = ("Random", "StatelessRandom", "TruncatedNormal",
                     "StatelessTruncatedNormal", "Multinomial")
 
 
-def _hard_swish() -> OneofPattern:
-    x = OpTypePattern("*", name="x")
-    relu6 = OpTypePattern("Relu6", name="relu6", inputs=[
-        OpTypePattern("Add|AddV2", name="plus_three",
-                      inputs=[x, OpTypePattern("Const")],
-                      ordered_inputs=False)])
-    sixth = OneofPattern([
-        OpTypePattern("Mul", inputs=[relu6, OpTypePattern("Const")],
-                      ordered_inputs=False),
-        OpTypePattern("RealDiv|Div", inputs=[relu6, OpTypePattern("Const")]),
-    ], name="hard_sigmoid")
-    inner = OpTypePattern("Mul", name="x_relu6", inputs=[x, relu6],
-                          ordered_inputs=False)
-    return OneofPattern([
-        OpTypePattern("Mul", inputs=[x, sixth], ordered_inputs=False),
-        OpTypePattern("Mul", inputs=[inner, OpTypePattern("Const")],
-                      ordered_inputs=False),
-        OpTypePattern("RealDiv|Div", inputs=[inner, OpTypePattern("Const")]),
-    ], name="hard_swish")
-
-
-HARD_SWISH = _hard_swish()
-_HARD_SWISH_MATCHER = GraphMatcher(HARD_SWISH)
-
 DROPOUT = OpTypePattern("Select|SelectV2", name="dropout", inputs=[
     OpTypePattern("GreaterEqual", name="keep_mask", inputs=["*", "*"]),
     OpTypePattern("Mul|RealDiv", name="dropout_scale",
@@ -124,32 +100,6 @@ def _depends_on_random(t: tf.Tensor, depth: int = 6) -> bool:
             nxt.extend(i.op for i in op.inputs)
         frontier = nxt
     return False
-
-
-def hard_swish_ops(op: tf.Operation) -> Optional[List[tf.Operation]]:
-    """The interior ops of a hard-swish ending at `op`, or None.
-
-    Args:
-      op: a candidate output op (Mul / RealDiv).
-
-    Returns:
-      The ops between the input x and `op` (that must get no range), or None
-      when `op` does not end a hard-swish.
-    """
-    if op.type not in ("Mul", "RealDiv", "Div"):
-        return None
-    # Cheap pre-check: a Relu6 one or two ops up.
-    if not any(i.op.type == "Relu6" or any(
-            j.op.type == "Relu6" for j in i.op.inputs) for i in op.inputs):
-        return None
-    match = _HARD_SWISH_MATCHER.match_op(op)
-    if match is None:
-        return None
-    names = ("plus_three", "relu6", "hard_sigmoid", "x_relu6")
-    inner = [match.get_op(n) for n in names if match.get_op(n) is not None]
-    if match.get_op("hard_sigmoid") is op:
-        return None
-    return [o for o in inner if o is not op]
 
 
 def dropout_ops(op: tf.Operation) -> Optional[Set[tf.Operation]]:

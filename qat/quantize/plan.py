@@ -17,8 +17,9 @@ beside a quantized one.
   ...) whose float data inputs all have ranges: their output, named
   `<op scope>/<kind>` (`add_quant`, `mul_quant`, `mean_quant`, ...;
   `post_activation_bypass_quant` for an add reading an activation).
-* hard-swish `x * relu6(x + 3) / 6`: its output only (`act_quant`), so the
-  converter makes it one integer HARD_SWISH op.
+* Activations written as several ops (hard-swish, GELU;
+  `qat.quantize.activation_patterns`): their output only (`act_quant`), so
+  the converter makes each one integer HARD_SWISH / GELU op.
 * Same-scale ops (pools, reshapes, pads, ...), fixed-range ops (LOGISTIC,
   TANH, SOFTMAX) and training-only dropout get no range of their own.
 * A tensor an integer op reads that has no range yet (a graph input, a
@@ -39,6 +40,7 @@ import tensorflow as tf
 
 from qat.engine import marks
 from qat.matching import layer_patterns
+from qat.quantize import activation_patterns
 from qat.quantize import op_table
 from qat.quantize import patterns as qp
 from qat.quantize import plan_graph
@@ -90,8 +92,10 @@ class Planner(plan_graph.GraphView):
         self.outputs: Dict[tf.Operation, Optional[tf.Tensor]] = {}
         self.tail_ops: Set[tf.Operation] = set()
         self.fused: Set[tf.Operation] = set()       # activations fused before
-        self.interior: Set[tf.Operation] = set()    # inside a hard-swish
-        self.hard_swishes: Set[tf.Operation] = set()
+        # Inside an activation written as several ops (hard-swish, GELU).
+        self.interior: Set[tf.Operation] = set()
+        # Output op of such an activation -> its input.
+        self.whole_activations: Dict[tf.Operation, tf.Tensor] = {}
         self.looked_through: Dict[tf.Operation, tf.Tensor] = {}  # dropout
 
     # --- Helpers ------------------------------------------------------------
@@ -330,7 +334,7 @@ class Planner(plan_graph.GraphView):
             self._plan(out, plan_graph.own_context(op), kind, init_min,
                        self.consumers(out), allow_unused=True)
 
-    def visit_hard_swish(self, op: tf.Operation, x: tf.Tensor) -> None:
+    def visit_whole_activation(self, op: tf.Operation, x: tf.Tensor) -> None:
         if not self._is_ranged(x) and not self._is_input(x):
             return
         self._require(x)
@@ -374,8 +378,8 @@ class Planner(plan_graph.GraphView):
                     and standalone_batch_norm.is_batch_norm_cond(
                         op, self.function_library()))):
             self.plan_standalone_batch_norm(op)
-        elif op in self.hard_swishes:
-            self.visit_hard_swish(op, self.hard_swishes_x[op])
+        elif op in self.whole_activations:
+            self.visit_whole_activation(op, self.whole_activations[op])
         elif op.type in op_table.OWN_RANGE_TYPES:
             self.visit_own_range(op)
         elif (op.type in op_table.SAME_SCALE_TYPES
@@ -394,24 +398,23 @@ class Planner(plan_graph.GraphView):
 
     def _belongs_to_model(self, op: tf.Operation) -> bool:
         """Ops that end a model wherever they are (see `loss_ops`)."""
-        return (op in self.tail_ops or op in self.hard_swishes
+        return (op in self.tail_ops or op in self.whole_activations
                 or op.type in op_table.ACTIVATION_TYPES
                 or op.type in op_table.FIXED_RANGE_TYPES
                 or op.type in op_table.SAME_SCALE_TYPES
                 or op.type in qp.INPUT_TYPES)
 
     def _find_structures(self, ordered) -> None:
-        self.hard_swishes_x: Dict[tf.Operation, tf.Tensor] = {}
         for op in ordered:
-            inner = op_table.hard_swish_ops(op)
-            if inner is not None:
-                # The interior feeds the output only.
-                if all(len(self.readers(o.outputs[0])) == 1 for o in inner):
-                    self.hard_swishes.add(op)
+            found = activation_patterns.match_whole_activation(op)
+            if found is not None:
+                _, x, inner = found
+                # The interior feeds the formula only (a reader outside it
+                # would need a range inside).
+                if all(c in inner or c is op for o in inner
+                       for c in self.readers(o.outputs[0])):
+                    self.whole_activations[op] = x
                     self.interior.update(inner)
-                    plus_three = [o for o in inner if o.type in ("Add", "AddV2")]
-                    x = [i for i in plus_three[0].inputs if self.is_data(i)]
-                    self.hard_swishes_x[op] = x[0]
             dropout = op_table.dropout_ops(op)
             if dropout is not None:
                 scale = [o for o in dropout if o is not op][0]
