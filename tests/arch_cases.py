@@ -11,6 +11,9 @@ Each builder maps the input placeholder to logits, like zoo_util's:
 * deeplab: atrous convs at rates 2 (tf_keras, the native `dilations`
   attribute) and 4 (tf.nn.atrous_conv2d, SpaceToBatchND / BatchToSpaceND) in
   parallel, concatenated, bilinear upsampling.
+* gelu_mlp: tanh-approximated GELU after a conv, tf_keras "gelu" Dense.
+* layer_norm_mlp: layer norm written as moments -> rsqrt arithmetic after
+  Dense layers (int8 only).
 * nn_attention (no tf_keras): single-head attention written with tf.nn and
   matmuls, hand-written layer norm (moments, rsqrt), tanh-approximated GELU.
 """
@@ -130,7 +133,18 @@ def _gelu_mlp(x):
     return layers.Dense(10, name="logits")(net)
 
 
+def _layer_norm_mlp(x):
+    with tf1.variable_scope("ln_mlp"):
+        net = tf1.layers.dense(tf1.layers.flatten(x), 16, name="fc0")
+        net = _layer_norm(net, "norm0")
+        net = tf1.layers.dense(net, 16, activation=tf.nn.relu, name="fc1")
+        net = _layer_norm(net, "norm1")
+        return tf1.layers.dense(net, 10, name="logits")
+
+
 CASES = {
+    # TFLite has no uint8 RSQRT kernel: layer norm converts to int8 only.
+    "layer_norm_mlp": zoo_util.Case(_layer_norm_mlp, (4, 4, 3), flavours=("int8",)),
     "gelu_mlp": zoo_util.Case(_gelu_mlp, (8, 8, 3)),
     "tcn": zoo_util.Case(_tcn, (32, 4)),
     "transformer": zoo_util.Case(_transformer, (8, 6)),

@@ -78,10 +78,10 @@ class ZooChecks:
                 self._assert_outputs_vary(reference, "eval graph")
             models = export.export_tflite(
                 [x.name], [y.name], workdir, sess=sess,
-                flavours=("uint8", "int8"),
+                flavours=zoo_util.case_of(name).flavours,
                 input_ranges={x.op.name: input_range},
                 parity_inputs=inputs, max_diff_steps=_MAX_DIFF_STEPS)
-            self.assertCountEqual(models, ["uint8", "int8"])
+            self.assertCountEqual(models, zoo_util.case_of(name).flavours)
             if outputs_vary:
                 for flavour, exported in models.items():
                     self._assert_outputs_vary(
@@ -92,7 +92,7 @@ class ZooChecks:
                 worst = self._assert_each_layer_agrees(frozen, x, y, inputs, flavour,
                                                        exported.model)
                 figures[flavour] = (exported.parity.max_diff_steps, worst)
-            for flavour in ("uint8", "int8"):
+            for flavour in zoo_util.case_of(name).flavours:
                 model = zoo_util.convert_with_tf(sess, x, y, flavour,
                                                  input_range)
                 export.check_fully_integer(model, frozen,

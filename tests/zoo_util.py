@@ -39,6 +39,8 @@ class Case:
     # Whether the eval graph's output (and TFLite's) differs between
     # examples after the two training steps; see _NEARLY_CONSTANT.
     outputs_vary: bool = True
+    # TFLite flavours the model converts to (uint8 has no RSQRT kernel).
+    flavours: Tuple[str, ...] = ("uint8", "int8")
 
 
 def _app(app, **kwargs):

@@ -6,7 +6,8 @@ of the ops that read it. The kinds follow TFLite's 8-bit quantization spec
 (see README, "What gets a range and why"):
 
 * OWN_RANGE: integer kernels whose output has its own scale (ADD, SUB, MUL,
-  MEAN, SUM, CONCATENATION, LEAKY_RELU, SQUARED_DIFFERENCE, ...): the output
+  MEAN, SUM, CONCATENATION, LEAKY_RELU, SQUARED_DIFFERENCE, RSQRT (layer
+  norm's arithmetic), ...): the output
   gets a range, every float data input must have one.
 * FUSABLE_ACTIVATIONS: activations TFLite fuses into the layer or the
   ADD / SUB before them (RELU, RELU6). Fused only when the activation is the
@@ -38,7 +39,7 @@ from qat.matching.matcher import GraphMatcher, OpTypePattern
 OWN_RANGE_TYPES = frozenset([
     "Add", "AddV2", "BiasAdd", "Sub", "Mul", "Mean", "Sum", "ConcatV2",
     "Concat", "LeakyRelu", "SquaredDifference", "Relu", "Relu6",
-    "Maximum", "Minimum",
+    "Maximum", "Minimum", "Rsqrt",
 ])
 
 # Reductions: a reduction to a scalar is loss arithmetic, not a model op.
@@ -50,7 +51,7 @@ RANGE_NAMES = {
     "Sub": "sub_quant", "Mul": "mul_quant", "Mean": "mean_quant",
     "Sum": "sum_quant", "ConcatV2": "concat_quant", "Concat": "concat_quant",
     "SquaredDifference": "squared_difference_quant",
-    "LeakyRelu": "leaky_relu_quant",
+    "LeakyRelu": "leaky_relu_quant", "Rsqrt": "rsqrt_quant",
 }
 DEFAULT_RANGE_NAME = "act_quant"
 

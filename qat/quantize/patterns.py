@@ -64,6 +64,10 @@ def is_tail_end(op) -> bool:
 
 RESIDUAL_ADD_TYPES = frozenset(["Add", "AddV2"])
 
+# Reductions whose axes decide whether they are batch statistics (tail) or
+# per-example statistics (layer norm) after a layer.
+REDUCTION_TYPES = frozenset(["Mean"])
+
 # Fused batch norms; one that follows no layer gets its own range.
 BATCH_NORM_TYPES = frozenset(["FusedBatchNorm", "FusedBatchNormV2",
                               "FusedBatchNormV3"])

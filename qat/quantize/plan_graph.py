@@ -8,7 +8,9 @@ Module functions recognise quantizers an earlier pass built.
 """
 from typing import List, Optional, Set, Tuple
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import tensor_util
 
 from qat.engine import marks
 from qat.matching import layer_patterns
@@ -91,6 +93,31 @@ def _scales_by_scalar(op: tf.Operation, is_data) -> bool:
     if op.type not in ("Mul", "RealDiv", "Div"):
         return False
     return any(not is_data(i) and i.shape.rank == 0 for i in op.inputs)
+
+
+def _channel_axis(layer: tf.Operation, rank: int) -> int:
+    try:
+        channels_first = layer.get_attr("data_format").startswith(b"NC")
+    except ValueError:  # MatMul: [batch, channels].
+        channels_first = False
+    return 1 if channels_first else rank - 1
+
+
+def _reduces_channels(op: tf.Operation, layer: tf.Operation) -> bool:
+    """A reduction over the layer's channel axis: never part of its tail.
+
+    A batch norm's statistics are per channel (the reduction keeps the
+    channel axis); layer norm reduces over the channels of each example, a
+    computation of its own that TFLite runs as MEAN, SQUARED_DIFFERENCE, ...
+    with ranges between them. Unknown axes count as a channel reduction.
+    """
+    if op.type not in qp.REDUCTION_TYPES:
+        return False
+    rank = op.inputs[0].shape.rank
+    axes = tensor_util.constant_value(op.inputs[1])
+    if rank is None or axes is None:
+        return True
+    return _channel_axis(layer, rank) in {int(a) % rank for a in np.ravel(axes)}
 
 
 class GraphView(object):
@@ -235,6 +262,8 @@ class GraphView(object):
                         continue
                     if _scales_by_scalar(c, self.is_data):
                         continue  # A MUL of its own, never folded.
+                    if _reduces_channels(c, layer):
+                        continue  # Layer-norm statistics: ops of their own.
                     if all(i.op in tail or not self.is_data(i)
                            for i in c.inputs):
                         tail.add(c)
