@@ -147,9 +147,9 @@ CASES = {
     "layer_norm_mlp": zoo_util.Case(_layer_norm_mlp, (4, 4, 3), flavours=("int8",)),
     "gelu_mlp": zoo_util.Case(_gelu_mlp, (8, 8, 3)),
     "tcn": zoo_util.Case(_tcn, (32, 4)),
-    "transformer": zoo_util.Case(_transformer, (8, 6)),
-    "convnext": zoo_util.Case(_convnext, (16, 16, 3)),
+    "transformer": zoo_util.Case(_transformer, (8, 6), flavours=("int8",)),
+    "convnext": zoo_util.Case(_convnext, (16, 16, 3), flavours=("int8",)),
     "deeplab": zoo_util.Case(_deeplab, (16, 16, 3)),
-    "nn_attention": zoo_util.Case(_nn_attention, (8, 6)),
+    "nn_attention": zoo_util.Case(_nn_attention, (8, 6), flavours=("int8",)),
 }
 zoo_util.EXTRA_CASES.update(CASES)

@@ -60,6 +60,8 @@ LAYER_TYPES = ("Conv2D", "MatMul", "DepthwiseConv2dNative")
 # a layer by type alone (the quantize pass tells gradient ops apart).
 TRANSPOSED_CONV_TYPES = ("Conv2DBackpropInput",)
 FOLDABLE_TYPES = LAYER_TYPES + TRANSPOSED_CONV_TYPES
+# Layers when their input 1 is weights (`is_weighted_einsum`); not folded.
+EINSUM_TYPES = ("Einsum",)
 FUSED_BATCH_NORM_TYPES = ("FusedBatchNorm", "FusedBatchNormV2",
                           "FusedBatchNormV3")
 # Ops that hold or read a variable's value.
@@ -187,8 +189,16 @@ def _unfused_batch_norm() -> OpTypePattern:
 UNFUSED_BATCH_NORM = _unfused_batch_norm()
 
 
+def is_weighted_einsum(op: tf.Operation) -> bool:
+    """An Einsum of an activation and weights (tf_keras EinsumDense,
+    MultiHeadAttention's projections): a layer. An Einsum of two activations
+    (attention scores) is not."""
+    return (op.type in EINSUM_TYPES and len(op.inputs) == 2
+            and not is_parameter(op.inputs[0]) and is_parameter(op.inputs[1]))
+
+
 def layer_ops(graph: tf.Graph) -> List[tf.Operation]:
-    """Returns every Conv2D, MatMul and DepthwiseConv2dNative op of `graph`.
+    """Returns every Conv2D, MatMul, DepthwiseConv2dNative and weighted Einsum.
 
     Args:
       graph: the graph to scan.
@@ -197,7 +207,8 @@ def layer_ops(graph: tf.Graph) -> List[tf.Operation]:
       The layer ops in creation order.
     """
     wanted = frozenset(LAYER_TYPES)
-    return [op for op in graph.get_operations() if op.type in wanted]
+    return [op for op in graph.get_operations()
+            if op.type in wanted or is_weighted_einsum(op)]
 
 
 def weight_input(layer_op: tf.Operation) -> tf.Tensor:
@@ -210,7 +221,8 @@ def weight_input(layer_op: tf.Operation) -> tf.Tensor:
     layer reads `w * s` directly.
 
     Args:
-      layer_op: a Conv2D, MatMul or DepthwiseConv2dNative op.
+      layer_op: a Conv2D, MatMul, DepthwiseConv2dNative, transposed conv or
+        weighted Einsum op.
 
     Returns:
       The filter / right-hand matrix tensor.
@@ -218,7 +230,7 @@ def weight_input(layer_op: tf.Operation) -> tf.Tensor:
     Raises:
       ValueError: if `layer_op` is not a layer op.
     """
-    if layer_op.type not in FOLDABLE_TYPES:
+    if layer_op.type not in FOLDABLE_TYPES + EINSUM_TYPES:
         raise ValueError("%s (%s) is not a layer op; expected one of %s."
                          % (layer_op.name, layer_op.type, ", ".join(FOLDABLE_TYPES)))
     direct = layer_op.inputs[1]

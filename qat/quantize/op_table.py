@@ -40,6 +40,9 @@ OWN_RANGE_TYPES = frozenset([
     "Add", "AddV2", "BiasAdd", "Sub", "Mul", "Mean", "Sum", "ConcatV2",
     "Concat", "LeakyRelu", "SquaredDifference", "Relu", "Relu6",
     "Maximum", "Minimum", "Rsqrt",
+    # A matmul of two activations (attention's scores and context), whose
+    # data inputs both need ranges; one with a weight operand is a layer.
+    "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
 ])
 
 # Reductions: a reduction to a scalar is loss arithmetic, not a model op.
@@ -52,6 +55,8 @@ RANGE_NAMES = {
     "Sum": "sum_quant", "ConcatV2": "concat_quant", "Concat": "concat_quant",
     "SquaredDifference": "squared_difference_quant",
     "LeakyRelu": "leaky_relu_quant", "Rsqrt": "rsqrt_quant",
+    "BatchMatMul": "matmul_quant", "BatchMatMulV2": "matmul_quant",
+    "BatchMatMulV3": "matmul_quant", "Einsum": "einsum_quant",
 }
 DEFAULT_RANGE_NAME = "act_quant"
 

@@ -324,6 +324,7 @@ class Planner(plan_graph.GraphView):
             return
         for i in data:
             self._require(i)
+        self._plan_parameters(op)
         init_min = 0.0 if op.type in ("Relu", "Relu6") else -6.0
         kind = self._add_kind(op)
         if op.type in op_table.FUSING_TYPES:
@@ -333,6 +334,20 @@ class Planner(plan_graph.GraphView):
             out = op.outputs[0]
             self._plan(out, plan_graph.own_context(op), kind, init_min,
                        self.consumers(out), allow_unused=True)
+
+    def _plan_parameters(self, op: tf.Operation) -> None:
+        """Weight ranges on the variables an integer op computes with.
+
+        A layer norm's gamma and beta, a layer scale: TFLite quantizes such a
+        constant operand, so the graph does too (with the weights' range,
+        `<op scope>/param_quant`); left float, the int8 converter cannot
+        always quantize a broadcast operand at all.
+        """
+        for t in op.inputs:
+            if (not self.is_data(t) and _is_float(t) and t.shape.rank
+                    and layer_patterns.is_parameter(t)):
+                self._plan(t, plan_graph.own_context(op), "param_quant", -6.0,
+                           self.consumers(t), is_weight=True)
 
     def visit_whole_activation(self, op: tf.Operation, x: tf.Tensor) -> None:
         if not self._is_ranged(x) and not self._is_input(x):

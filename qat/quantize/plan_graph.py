@@ -252,7 +252,9 @@ class GraphView(object):
         whatever follows it.
         """
         tail = {layer}
-        stack = [layer]
+        # The converter lowers a weighted Einsum to FULLY_CONNECTED and a
+        # RESHAPE, and adds the bias after the reshape: an ADD of its own.
+        stack = [] if layer.type in layer_patterns.EINSUM_TYPES else [layer]
         while stack:
             op = stack.pop()
             for out in op.outputs:
