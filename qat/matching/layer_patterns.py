@@ -7,7 +7,10 @@ patterns (look them up with `MatchResult.get_op(name)` / `get_tensor(name)`):
 LAYER_CHAIN, rooted at the tensor a batch norm reads (the "pre-BN" tensor)::
 
     [SpaceToBatchND ->] layer ("layer", weights: "weights")
-        [-> BatchToSpaceND ("batch_to_space")]      atrous convolution
+        [[-> Squeeze ("atrous_squeeze")] -> BatchToSpaceND ("batch_to_space")]
+                                                    atrous convolution (a
+                                                    dilated Conv1D squeezes
+                                                    first)
         [-> Squeeze ("squeeze")]                    Conv1D (ExpandDims -> Conv2D)
         [-> Identity ("layer_identity")]
         [-> BiasAdd | Add | AddV2 ("bias_add", vector: "bias")]
@@ -115,8 +118,10 @@ LAYER = OneofPattern([
     OpTypePattern("|".join(LAYER_TYPES), inputs=["*", WEIGHTS]),
     OpTypePattern("|".join(TRANSPOSED_CONV_TYPES), inputs=["*", WEIGHTS, "*"]),
 ], name="layer")
-ATROUS_LAYER = OpTypePattern("BatchToSpaceND", name="batch_to_space",
-                             inputs=[LAYER, "*", "*"])
+# A dilated Conv1D squeezes before the BatchToSpaceND ("atrous_squeeze").
+ATROUS_LAYER = OpTypePattern("BatchToSpaceND", name="batch_to_space", inputs=[
+    OneofPattern([OpTypePattern("Squeeze", name="atrous_squeeze", inputs=[LAYER]),
+                  LAYER]), "*", "*"])
 LAYER_OUTPUT = OneofPattern([ATROUS_LAYER, LAYER], name="layer_output")
 _SQUEEZED = OneofPattern([
     OpTypePattern("Squeeze", name="squeeze", inputs=[LAYER_OUTPUT]),

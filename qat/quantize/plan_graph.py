@@ -14,6 +14,7 @@ from tensorflow.python.framework import tensor_util
 
 from qat.engine import marks
 from qat.matching import layer_patterns
+from qat.matching.matcher import GraphMatcher
 from qat.quantize import patterns as qp
 from qat.quantize import quantizer_batch
 
@@ -93,6 +94,15 @@ def _scales_by_scalar(op: tf.Operation, is_data) -> bool:
     if op.type not in ("Mul", "RealDiv", "Div"):
         return False
     return any(not is_data(i) and i.shape.rank == 0 for i in op.inputs)
+
+
+_UNFUSED_BATCH_NORM_MATCHER = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
+
+
+def _is_batch_norm(op: tf.Operation) -> bool:
+    return (op.type in qp.BATCH_NORM_TYPES or marks.made_by_qat(op, marks.FOLD)
+            or (op.type in ("Add", "AddV2")
+                and _UNFUSED_BATCH_NORM_MATCHER.match_op(op) is not None))
 
 
 def _channel_axis(layer: tf.Operation, rank: int) -> int:
@@ -270,6 +280,7 @@ class GraphView(object):
                            for i in c.inputs):
                         tail.add(c)
                         stack.append(c)
+        self._cut_at_batch_to_space(tail)
         self._prune_leaves(layer, tail)
         exits = []
         for op in tail:
@@ -293,6 +304,23 @@ class GraphView(object):
             return tail, None
         exits.sort(key=lambda t: (t.op._id, t.value_index))  # pylint: disable=protected-access
         return tail, exits[-1]
+
+    @staticmethod
+    def _cut_at_batch_to_space(tail) -> None:
+        """Ends an atrous layer's tail before its BatchToSpaceND.
+
+        With a dynamic batch the converter does not fuse SpaceToBatchND ->
+        conv -> BatchToSpaceND into one dilated conv: TFLite's CONV_2D writes
+        the tensor the BatchToSpaceND reads, so that tensor carries the
+        layer's range (the eval fold adds b_fold before it), and a bias add
+        after it is an ADD of its own. Only a batch norm that still follows
+        (training graphs, where the fold keeps it) keeps the tail going: the
+        range is then after it, named the same.
+        """
+        for bts in [op for op in tail if op.type == "BatchToSpaceND"]:
+            after = forward_closure([bts]) & tail
+            if not any(_is_batch_norm(op) for op in after - {bts}):
+                tail -= after
 
     @staticmethod
     def _prune_leaves(layer, tail) -> None:
