@@ -255,7 +255,12 @@ class Planner(plan_graph.GraphView):
     # --- Layers -------------------------------------------------------------
 
     def _residual_adds(self, t: tf.Tensor, exclude) -> List[tf.Operation]:
-        return [c for c in self._final_readers(t, exclude)
+        readers = self._final_readers(t, exclude)
+        # An eval graph's atrous layer output is read through the
+        # BatchToSpaceND the training graph has before its batch norm.
+        readers += [c for b in readers if b.type == "BatchToSpaceND"
+                    for c in self._final_readers(b.outputs[0])]
+        return [c for c in readers
                 if c.type in qp.RESIDUAL_ADD_TYPES and len(c.inputs) == 2
                 and all(self.is_data(i) for i in c.inputs)]
 
@@ -279,7 +284,10 @@ class Planner(plan_graph.GraphView):
         # TFLite fuses an activation into the layer op only when nothing
         # reshapes in between (a Conv1D's Squeeze, a Reshape before a batch
         # norm): then the eval graph's layer output is the reshaped one.
-        fusable = out.shape.rank == layer.outputs[0].shape.rank
+        # Nor across an atrous conv's BatchToSpaceND, which eval graphs have
+        # between the layer output and the activation.
+        fusable = (out.shape.rank == layer.outputs[0].shape.rank
+                   and not any(op.type == "BatchToSpaceND" for op in tail))
         self._plan_output(out, ctx, kind, -6.0, exclude=exclude,
                           fusable=fusable)
 
