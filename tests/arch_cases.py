@@ -11,6 +11,8 @@ Each builder maps the input placeholder to logits, like zoo_util's:
 * deeplab: atrous convs at rates 2 (tf_keras, the native `dilations`
   attribute) and 4 (tf.nn.atrous_conv2d, SpaceToBatchND / BatchToSpaceND) in
   parallel, concatenated, bilinear upsampling.
+* keras_layer_norm: tf_keras LayerNormalization with its default epsilon
+  (a fused batch norm on a reshaped input) after Dense layers and an add.
 * gelu_mlp: tanh-approximated GELU after a conv, tf_keras "gelu" Dense.
 * layer_norm_mlp: layer norm written as moments -> rsqrt arithmetic after
   Dense layers (int8 only).
@@ -142,7 +144,18 @@ def _layer_norm_mlp(x):
         return tf1.layers.dense(net, 10, name="logits")
 
 
+def _keras_layer_norm(x):
+    net = layers.Reshape((x.shape[1], x.shape[2] * x.shape[3]), name="tokens")(x)
+    net = layers.Dense(16, name="embed")(net)
+    net = layers.LayerNormalization(name="norm0")(net)  # Fused (epsilon 1e-3).
+    mlp = layers.Dense(16, activation="gelu", name="mlp")(net)
+    net = layers.LayerNormalization(name="norm1")(layers.Add(name="add")([net, mlp]))
+    net = layers.GlobalAveragePooling1D(name="pool")(net)
+    return layers.Dense(10, name="logits")(net)
+
+
 CASES = {
+    "keras_layer_norm": zoo_util.Case(_keras_layer_norm, (4, 4, 3), flavours=("int8",)),
     # TFLite has no uint8 RSQRT kernel: layer norm converts to int8 only.
     "layer_norm_mlp": zoo_util.Case(_layer_norm_mlp, (4, 4, 3), flavours=("int8",)),
     "gelu_mlp": zoo_util.Case(_gelu_mlp, (8, 8, 3)),

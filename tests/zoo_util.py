@@ -24,6 +24,7 @@ import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 from qat import graph_editor as ge  # pylint: disable=g-import-not-at-top
 from qat import report  # pylint: disable=g-import-not-at-top
+from qat.engine import marks  # pylint: disable=g-import-not-at-top
 from qat.quantize import patterns as quantize_patterns  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
@@ -262,7 +263,8 @@ def _recalibrate_batch_norms(graph: tf.Graph) -> tf.Operation:
     """
     updates = []
     for op in graph.get_operations():
-        if op.type in quantize_patterns.BATCH_NORM_TYPES and op.get_attr("is_training"):
+        if (op.type in quantize_patterns.BATCH_NORM_TYPES and op.get_attr("is_training")
+                and not marks.is_replaced(op)):  # tf_keras's fused layer norm.
             for moving, batch in ((op.inputs[3], op.outputs[1]),
                                   (op.inputs[4], op.outputs[2])):
                 assert moving.op.type == "ReadVariableOp", moving.op.name

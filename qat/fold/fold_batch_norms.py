@@ -332,6 +332,8 @@ def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
     record = fold_record(config, use_cond)
     done = preconditions.check_previous_rewrite(graph, "fold", record)
     batch_norms, unreachable = bn_lib.find_batch_norms(graph)
+    # Replaced by a rewrite (tf_keras's fused layer norm): nothing reads them.
+    batch_norms = [bn for bn in batch_norms if not marks.is_replaced(bn.op)]
     skipped = [SkippedBatchNorm(name, reason) for name, reason in unreachable]
     plans = []
     after_no_layer = []

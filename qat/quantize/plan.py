@@ -97,6 +97,8 @@ class Planner(plan_graph.GraphView):
         # Output op of such an activation -> its input.
         self.whole_activations: Dict[tf.Operation, tf.Tensor] = {}
         self.looked_through: Dict[tf.Operation, tf.Tensor] = {}  # dropout
+        # Ops visited before their inputs had ranges (`_revisit_deferred`).
+        self._deferred: List[tf.Operation] = []
 
     # --- Helpers ------------------------------------------------------------
 
@@ -320,6 +322,7 @@ class Planner(plan_graph.GraphView):
         ok = all(r or (self._is_input(i) and op in self.model_ops)
                  for r, i in zip(ranged, data))
         if not ok:
+            self._deferred.append(op)
             if any(ranged):
                 missing = [i.name for r, i in zip(ranged, data) if not r]
                 self._leave(op.name, "%s reads %s, which has no range"
@@ -359,6 +362,7 @@ class Planner(plan_graph.GraphView):
 
     def visit_whole_activation(self, op: tf.Operation, x: tf.Tensor) -> None:
         if not self._is_ranged(x) and not self._is_input(x):
+            self._deferred.append(op)
             return
         self._require(x)
         out = op.outputs[0]
@@ -396,6 +400,8 @@ class Planner(plan_graph.GraphView):
             return  # Loss arithmetic: no reader needs a range.
         if marks.made_by_qat(op, marks.QUANTIZER, marks.QUANTIZER_OUTPUT):
             return  # An earlier call's quantizer (a second call): never a float layer.
+        if marks.is_replaced(op):
+            return  # Unconnected: a rewrite moved its consumers.
         if (op.type in qp.BATCH_NORM_TYPES
                 or (op.type in op_table.FUNCTIONAL_TYPES
                     and standalone_batch_norm.is_batch_norm_cond(
@@ -459,4 +465,23 @@ class Planner(plan_graph.GraphView):
         self.loss = self.loss_ops(self._belongs_to_model)
         for op in ordered:
             self.visit(op)
+        self._revisit_deferred()
         return list(self.plans.values())
+
+    def _revisit_deferred(self) -> None:
+        """Visits again the ops whose inputs had no range yet.
+
+        Graph order is creation order: an op an earlier rewrite made (the
+        unfused layer norm of `qat.quantize.layer_norm`) comes after the user
+        ops that read it. Repeated until no new range appears.
+        """
+        while self._deferred:
+            deferred, self._deferred = self._deferred, []
+            count = len(self.plans)
+            for op in deferred:
+                if op.name in self._left:
+                    self._left.discard(op.name)
+                    self.left_float = [e for e in self.left_float if e[0] != op.name]
+                self.visit(op)
+            if len(self.plans) == count:
+                return
