@@ -40,10 +40,10 @@ import tensorflow as tf
 
 from qat.engine import marks
 from qat.matching import layer_patterns
-from qat.quantize import activation_patterns
 from qat.quantize import op_table
 from qat.quantize import patterns as qp
 from qat.quantize import plan_graph
+from qat.quantize import plan_structures
 from qat.quantize import standalone_batch_norm
 from qat.quantize.plan_graph import existing_quantizer  # pylint: disable=unused-import
 from qat.quantize.plan_graph import is_quantized_output
@@ -68,7 +68,7 @@ class Plan:
     weight_sharers: List[tf.Operation] = dataclasses.field(default_factory=list)
 
 
-class Planner(plan_graph.GraphView):
+class Planner(plan_structures.StructurePlanning, plan_graph.GraphView):
     """Plans the quantizers of one graph without changing it."""
 
     def __init__(self, graph, is_training, scope, per_channel,
@@ -346,47 +346,6 @@ class Planner(plan_graph.GraphView):
             self._plan(out, plan_graph.own_context(op), kind, init_min,
                        self.consumers(out), allow_unused=True)
 
-    def _plan_parameters(self, op: tf.Operation) -> None:
-        """Weight ranges on the variables an integer op computes with.
-
-        A layer norm's gamma and beta, a layer scale: TFLite quantizes such a
-        constant operand, so the graph does too (with the weights' range,
-        `<op scope>/param_quant`); left float, the int8 converter cannot
-        always quantize a broadcast operand at all.
-        """
-        for t in op.inputs:
-            if (not self.is_data(t) and _is_float(t) and t.shape.rank
-                    and layer_patterns.is_parameter(t)):
-                self._plan(t, plan_graph.own_context(op), "param_quant", -6.0,
-                           self.consumers(t), is_weight=True)
-
-    def visit_whole_activation(self, op: tf.Operation, x: tf.Tensor) -> None:
-        if not self._is_ranged(x) and not self._is_input(x):
-            self._deferred.append(op)
-            return
-        self._require(x)
-        out = op.outputs[0]
-        self._plan(out, plan_graph.own_context(op), "act_quant", -6.0,
-                   self.consumers(out), allow_unused=True)
-
-    def plan_standalone_batch_norm(self, bn: tf.Operation) -> None:
-        """A range for a batch norm that follows no layer (contrib had none).
-
-        Input normalisation, or a batch norm after a concat or an add: the
-        fold pass leaves it alone. Its input gets a range as a layer input
-        would, its output `<bn ctx>/bn_quant`, or `<bn ctx>/act_quant` after
-        the activation that alone reads it. Eval graphs then replace it by a
-        1x1 depthwise conv TFLite runs in integer
-        (`qat.quantize.standalone_batch_norm`).
-        """
-        if standalone_batch_norm.is_replaced(bn):
-            return  # An earlier pass moved its consumers to the depthwise form.
-        self.standalone_bns.append(bn)
-        x = standalone_batch_norm.data_input(bn, self.is_data)
-        if x is not None:
-            self._require(x)
-        self._plan_output(bn.outputs[0], _context(bn), "bn_quant", -6.0)
-
     def visit(self, op: tf.Operation) -> None:
         if (op in self.tail_ops and op not in self.tails) or op in self.fused \
                 or op in self.interior or op in self.looked_through:
@@ -433,23 +392,6 @@ class Planner(plan_graph.GraphView):
                 or op.type in op_table.SAME_SCALE_TYPES
                 or op.type in qp.INPUT_TYPES)
 
-    def _find_structures(self, ordered) -> None:
-        for op in ordered:
-            found = activation_patterns.match_whole_activation(op)
-            if found is not None:
-                _, x, inner = found
-                # The interior feeds the formula only (a reader outside it
-                # would need a range inside).
-                if all(c in inner or c is op for o in inner
-                       for c in self.readers(o.outputs[0])):
-                    self.whole_activations[op] = x
-                    self.interior.update(inner)
-            dropout = op_table.dropout_ops(op)
-            if dropout is not None:
-                scale = [o for o in dropout if o is not op][0]
-                self.looked_through[op] = scale.outputs[0]
-                self.looked_through[scale] = scale.inputs[0]
-
     def run(self) -> List[Plan]:
         for layer in self.gradient_layers:
             self._leave(layer.name, "gradient op")
@@ -467,21 +409,3 @@ class Planner(plan_graph.GraphView):
             self.visit(op)
         self._revisit_deferred()
         return list(self.plans.values())
-
-    def _revisit_deferred(self) -> None:
-        """Visits again the ops whose inputs had no range yet.
-
-        Graph order is creation order: an op an earlier rewrite made (the
-        unfused layer norm of `qat.quantize.layer_norm`) comes after the user
-        ops that read it. Repeated until no new range appears.
-        """
-        while self._deferred:
-            deferred, self._deferred = self._deferred, []
-            count = len(self.plans)
-            for op in deferred:
-                if op.name in self._left:
-                    self._left.discard(op.name)
-                    self.left_float = [e for e in self.left_float if e[0] != op.name]
-                self.visit(op)
-            if len(self.plans) == count:
-                return
