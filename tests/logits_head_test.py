@@ -145,7 +145,7 @@ class LossArithmeticTest(parameterized.TestCase):
                 logging.warning("sentinel")  # assertLogs needs one record.
                 result = qat.insert_quant_ops(g, is_training=training)
         names = sorted(q.name for q in result.quantizers)
-        self.assertEqual(names, ["dense/act_quant", "dense/weights_quant", "x/input_quant"])
+        self.assertEqual(names, ["dense/act_quant", "dense/input_quant", "dense/weights_quant"])
         self.assertEqual(result.left_float, [])
         self.assertEqual([r for r in logs.output if "left float" in r], [])
 
