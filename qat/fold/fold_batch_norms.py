@@ -28,6 +28,10 @@ with moving statistics):
           still gives the unfolded value; moving-average updates of a
           batch-statistics batch norm keep computing what they did)
 
+  An atrous conv adds b_fold before its BatchToSpaceND instead (layer [->
+  Squeeze] -> BiasAdd_Fold -> "<ctx>/BatchToSpaceND_Fold"): TFLite's CONV_2D
+  then adds it and writes the tensor that carries the layer's range.
+
 Training structure (is_training=True, batch norm using batch statistics).
 DESIGN DECISION: the convolution is computed ONCE (PyTorch ConvBn style), not
 twice like contrib (a float layer for the batch statistics plus the folded
