@@ -198,8 +198,13 @@ def is_weighted_einsum(op: tf.Operation) -> bool:
     """An Einsum of an activation and weights (tf_keras EinsumDense,
     MultiHeadAttention's projections): a layer. An Einsum of two activations
     (attention scores) is not."""
-    return (op.type in EINSUM_TYPES and len(op.inputs) == 2
-            and not is_parameter(op.inputs[0]) and is_parameter(op.inputs[1]))
+    if op.type not in EINSUM_TYPES or len(op.inputs) != 2 or is_parameter(op.inputs[0]):
+        return False
+    weights = op.inputs[1]
+    # Quantized already (a report on a rewritten graph): FakeQuant(weights, ...).
+    while weights.op.type.startswith("FakeQuantWithMinMax"):
+        weights = weights.op.inputs[0]
+    return is_parameter(weights)
 
 
 def layer_ops(graph: tf.Graph) -> List[tf.Operation]:

@@ -78,7 +78,7 @@ BATCH_NORM_TYPES = frozenset(["FusedBatchNorm", "FusedBatchNormV2",
 SAME_SCALE_TYPES = frozenset([
     "Reshape", "Pad", "PadV2", "MaxPool", "SpaceToBatchND", "BatchToSpaceND",
     "Identity", "Squeeze", "ExpandDims", "Transpose", "StridedSlice",
-    "DepthToSpace", "SpaceToDepth",
+    "DepthToSpace", "SpaceToDepth", "StopGradient", "PreventGradient",
 ])
 
 # Outputs that need their own range besides layer outputs.
