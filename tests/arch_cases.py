@@ -7,7 +7,8 @@ Each builder maps the input placeholder to logits, like zoo_util's:
 * transformer: Dense embedding, 2-head MultiHeadAttention, residual +
   LayerNormalization, GELU MLP, residual + LayerNormalization.
 * convnext: depthwise 7x7, LayerNormalization, Dense x4, GELU, Dense, layer
-  scale, stochastic depth, residual.
+  scale (tf_keras ConvNeXt's LayerScale), stochastic depth (training
+  graphs), residual.
 * deeplab: atrous convs at rates 2 (tf_keras, the native `dilations`
   attribute) and 4 (tf.nn.atrous_conv2d, SpaceToBatchND / BatchToSpaceND) in
   parallel, concatenated, bilinear upsampling.
@@ -61,6 +62,16 @@ def _transformer(x):
     return layers.Dense(10, name="logits")(net)
 
 
+def _drop_path(x, rate=0.1):
+    """tf_keras ConvNeXt's StochasticDepth in training graphs (its own call
+    takes len() of a symbolic shape, which graph mode refuses)."""
+    if not keras.backend.learning_phase():  # zoo_util.build_graph sets it.
+        return x
+    keep = 1.0 - rate
+    mask = tf.floor(keep + tf.random.uniform([tf.shape(x)[0], 1, 1, 1]))
+    return (x / keep) * mask
+
+
 def _convnext(x):
     net = layers.Conv2D(16, 2, strides=2, name="stem")(x)
     net = layers.LayerNormalization(epsilon=1e-6, name="stem_norm")(net)
@@ -70,7 +81,7 @@ def _convnext(x):
     block = layers.Activation("gelu", name="gelu")(block)
     block = layers.Dense(16, name="pw_out")(block)
     block = convnext.LayerScale(1e-1, 16, name="layer_scale")(block)
-    block = convnext.StochasticDepth(0.1, name="drop_path")(block)
+    block = layers.Lambda(_drop_path, name="drop_path")(block)
     net = layers.Add(name="add")([net, block])
     net = layers.GlobalAveragePooling2D(name="pool")(net)
     net = layers.LayerNormalization(epsilon=1e-6, name="head_norm")(net)

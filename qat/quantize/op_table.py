@@ -26,7 +26,8 @@ Structures matched as a whole (patterns, in `qat.matching.matcher` style):
 * Activations written as several ops that the converter turns into one
   integer op when nothing is quantized inside (HARD_SWISH, GELU): declared in
   `qat.quantize.activation_patterns`; only their output gets a range.
-* DROPOUT, `Select(random >= rate, x * scale, 0)`: exists in training graphs
+* DROPOUT, `Select(random >= rate, x * scale, 0)`, and DROP_PATH,
+  `x / keep * floor(keep + random)` (stochastic depth): exist in training graphs
   only; looked through (like a same-scale op) so that training and eval
   graphs plan, and name, the same ranges.
 """
@@ -95,6 +96,14 @@ DROPOUT = OpTypePattern("Select|SelectV2", name="dropout", inputs=[
     "*"])
 _DROPOUT_MATCHER = GraphMatcher(DROPOUT)
 
+# Stochastic depth (drop path, tf_keras ConvNeXt's StochasticDepth):
+# (x / keep_prob) * floor(keep_prob + uniform), one draw per example.
+DROP_PATH = OpTypePattern("Mul", name="dropout", inputs=[
+    OpTypePattern("RealDiv|Mul", name="dropout_scale", inputs=[
+        OpTypePattern("*", name="dropout_input"), OpTypePattern("Const")]),
+    OpTypePattern("Floor", name="keep_mask")], ordered_inputs=False)
+_DROP_PATH_MATCHER = GraphMatcher(DROP_PATH)
+
 
 def _depends_on_random(t: tf.Tensor, depth: int = 6) -> bool:
     frontier = [t.op]
@@ -111,12 +120,16 @@ def _depends_on_random(t: tf.Tensor, depth: int = 6) -> bool:
 def dropout_ops(op: tf.Operation) -> Optional[Set[tf.Operation]]:
     """The dropout ops ending at `op` (the Select and its scale), or None.
 
-    A Select keeping `x * scale` where a random mask is set is dropout: it
-    exists only in training graphs.
+    A Select keeping `x * scale` where a random mask is set is dropout, and
+    `x / keep_prob * floor(keep_prob + random)` stochastic depth: both exist
+    only in training graphs.
     """
-    if op.type not in ("Select", "SelectV2"):
+    if op.type in ("Select", "SelectV2"):
+        match = _DROPOUT_MATCHER.match_op(op)
+    elif op.type == "Mul":
+        match = _DROP_PATH_MATCHER.match_op(op)
+    else:
         return None
-    match = _DROPOUT_MATCHER.match_op(op)
     if match is None or not _depends_on_random(match.get_tensor("keep_mask")):
         return None
     scale = match.get_op("dropout_scale")
