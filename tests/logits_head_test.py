@@ -162,5 +162,32 @@ class LossArithmeticTest(parameterized.TestCase):
         self.assertIn("leaky_relu_quant", [q.kind for q in result.quantizers])
 
 
+class ScaledOutputTest(parameterized.TestCase):
+    """docs/known_limits.md: arithmetic after the last layer that only the loss reads."""
+
+    def _variables(self, training, named_output):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [None, 8], name="x")
+            pred = tf1.layers.dense(x, 4, name="dense") * 10.0
+            if named_output:
+                pred = tf.identity(pred, name="pred")
+            if training:
+                y = tf1.placeholder(tf.float32, [None, 4], name="y")
+                tf.reduce_mean(tf.square(pred - y))
+                qat.create_training_graph(g)
+            else:
+                qat.create_eval_graph(g)
+            return {v.op.name for v in tf1.global_variables()}
+
+    def test_identity_ending_the_model_keeps_train_and_eval_symmetric(self):
+        eval_only = self._variables(False, True) - self._variables(True, True)
+        self.assertEqual(eval_only, set())
+
+    def test_without_it_the_multiply_is_taken_for_loss(self):
+        eval_only = self._variables(False, False) - self._variables(True, False)
+        self.assertEqual(eval_only, {"mul/mul_quant/min", "mul/mul_quant/max"})
+
+
 if __name__ == "__main__":
     absltest.main()

@@ -4,7 +4,7 @@ For each model: two training steps with a finite loss; the training
 checkpoint restores into a separately built eval graph with a plain, strict
 `Saver().restore`; uint8 and int8 TFLite models convert with zero float
 compute ops, through `qat.export` and through TensorFlow's converter with the
-README's flags; and the TFLite models agree with the eval graph: every layer,
+flags of docs/int8_export.md; and the TFLite models agree with the eval graph: every layer,
 computed by the eval graph from TFLite's own values of the layers before it,
 is within one quantization step of TFLite's (so no kernel disagrees; rows next
 to a concatenation excepted, see zoo_util.layer_agreement), and the outputs, where rounding differences have added up through the whole network,
@@ -31,23 +31,10 @@ import zoo_util  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 
-# Given the same inputs, a TFLite kernel and the eval graph differ only where
-# a value lies within float rounding (or the bias's int32 rounding) of a
-# rounding boundary: one step.
-_MAX_OWN_STEPS = 1.0 + 1e-3
-# Such one-step differences add up through the network, most where a layer's
-# gain is high (ResNet50V2's pre-activation batch norms amplify a one-step
-# input difference to six output steps). Worst measured end to end: 16.64
-# steps (DenseNet121 uint8; README "The zoo"). The zoo is seeded: the margin
-# (1.4x) is for other thread counts and TensorFlow versions.
-_MAX_DIFF_STEPS = 24.0
-# Rows TFLite keeps no tensor of (a layer's own range before a ReLU that
-# TFLite fuses into it) are not compared; the rest must be, at least half.
-_MIN_MATCHED_ROWS = 0.5
 _PARITY_EXAMPLES = 8
 
 
-class ZooChecks:
+class ZooChecks(zoo_util.ZooAssertions):
     """The zoo's procedure for one case, as assertions of a TestCase mixin.
 
     tests/new_arch_test.py runs it on issue #21's blocks
@@ -63,6 +50,7 @@ class ZooChecks:
           ("uint8 (TF)", "int8 (TF)").
         """
         figures = {}
+        flavours = zoo_util.case_of(name).flavours
         workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
         checkpoint = os.path.join(workdir, "ckpt", "model")
         losses = zoo_util.train_two_steps(name, checkpoint)
@@ -75,59 +63,41 @@ class ZooChecks:
             self.assertTrue(np.all(np.isfinite(reference)))
             outputs_vary = zoo_util.case_of(name).outputs_vary
             if outputs_vary:
-                self._assert_outputs_vary(reference, "eval graph")
+                self.assert_outputs_vary(reference, "eval graph")
             models = export.export_tflite(
                 [x.name], [y.name], workdir, sess=sess,
-                flavours=zoo_util.case_of(name).flavours,
+                flavours=flavours,
                 input_ranges={x.op.name: input_range},
-                parity_inputs=inputs, max_diff_steps=_MAX_DIFF_STEPS)
-            self.assertCountEqual(models, zoo_util.case_of(name).flavours)
+                parity_inputs=inputs, max_diff_steps=zoo_util.MAX_DIFF_STEPS)
+            self.assertCountEqual(models, flavours)
             if outputs_vary:
                 for flavour, exported in models.items():
-                    self._assert_outputs_vary(
+                    self.assert_outputs_vary(
                         run_tflite(exported.model, inputs),
                         f"{flavour} (qat.export)")
             frozen = export.freeze_session(sess, [y.op.name])
             for flavour, exported in models.items():
-                worst = self._assert_each_layer_agrees(frozen, x, y, inputs, flavour,
-                                                       exported.model)
+                worst = self.assert_each_layer_agrees(frozen, x, y, inputs, flavour,
+                                                      exported.model)
                 figures[flavour] = (exported.parity.max_diff_steps, worst)
-            for flavour in zoo_util.case_of(name).flavours:
+            for flavour in flavours:
                 model = zoo_util.convert_with_tf(sess, x, y, flavour,
                                                  input_range)
                 export.check_fully_integer(model, frozen,
                                            label=f"{name} {flavour} (TF)")
                 parity = export.check_parity(model, frozen, x.name, y.name,
                                              inputs,
-                                             max_diff_steps=_MAX_DIFF_STEPS)
-                self.assertLessEqual(parity.max_diff_steps, _MAX_DIFF_STEPS)
+                                             max_diff_steps=zoo_util.MAX_DIFF_STEPS)
+                self.assertLessEqual(parity.max_diff_steps, zoo_util.MAX_DIFF_STEPS)
                 worst = figures[flavour][1]
                 if model != models[flavour].model:  # Same bytes: checked above.
-                    worst = self._assert_each_layer_agrees(frozen, x, y, inputs,
-                                                           flavour, model)
+                    worst = self.assert_each_layer_agrees(frozen, x, y, inputs,
+                                                          flavour, model)
                 figures[f"{flavour} (TF)"] = (parity.max_diff_steps, worst)
                 if outputs_vary:
-                    self._assert_outputs_vary(run_tflite(model, inputs),
+                    self.assert_outputs_vary(run_tflite(model, inputs),
                                               f"{flavour} (TF)")
         return figures
-
-    def _assert_each_layer_agrees(self, frozen, x, y, inputs, flavour, model):
-        agreement = zoo_util.layer_agreement(frozen, x, y, inputs, flavour, model)
-        numerics = agreement.numerics
-        self.assertGreaterEqual(len(agreement.matched),
-                                _MIN_MATCHED_ROWS * len(numerics.rows), numerics.format())
-        self.assertIsNotNone(numerics.rows[-1].tflite_tensor, "the model output")
-        self.assertTrue(agreement.checked)
-        worst = agreement.worst
-        self.assertLessEqual(worst.max_own_steps, _MAX_OWN_STEPS,
-                             f"{flavour}: {worst.name}\n{numerics.format()}")
-        return worst.max_own_steps
-
-    def _assert_outputs_vary(self, outputs, label):
-        """Parity means little if every example gets the same output."""
-        flat = np.reshape(outputs, (len(outputs), -1))
-        self.assertGreater(len(np.unique(flat, axis=0)), 1,
-                           f"{label}: the same output for every example")
 
 
 class ZooTest(ZooChecks, parameterized.TestCase):

@@ -133,8 +133,10 @@ def networks(draw, max_depth: int = 6) -> Network:
             channels += in_channels
         elif blocks[-1].concat == "net_input":
             channels += INPUT_CHANNELS if input_rank == 4 else INPUT_FEATURES
-    return Network(input_rank, resource, tuple(blocks),
-                   head=draw(st.sampled_from(HEADS)),
+    head = draw(st.sampled_from(HEADS))
+    if head == "none":
+        return Network(input_rank, resource, tuple(blocks))
+    return Network(input_rank, resource, tuple(blocks), head=head,
                    head_in_scope=draw(st.booleans()),
                    head_dropout=draw(st.sampled_from(DROPOUTS)))
 
