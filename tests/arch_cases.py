@@ -17,6 +17,7 @@ Each builder maps the input placeholder to logits, like zoo_util's:
 * gelu_mlp: tanh-approximated GELU after a conv, tf_keras "gelu" Dense.
 * layer_norm_mlp: layer norm written as moments -> rsqrt arithmetic after
   Dense layers (int8 only).
+* slim_atrous: TF-Slim conv2d(rate=2) with slim's (fused) batch norm.
 * nn_attention (no tf_keras): single-head attention written with tf.nn and
   matmuls, hand-written layer norm (moments, rsqrt), tanh-approximated GELU.
 """
@@ -165,7 +166,21 @@ def _keras_layer_norm(x):
     return layers.Dense(10, name="logits")(net)
 
 
+def _slim_atrous(x):
+    from qat import compat  # pylint: disable=g-import-not-at-top
+    compat.enable_slim()
+    import tf_slim as slim  # pylint: disable=g-import-not-at-top
+    bn = {"is_training": bool(keras.backend.learning_phase())}
+    net = slim.conv2d(x, 8, 3, normalizer_fn=slim.batch_norm, normalizer_params=bn,
+                      scope="conv0")
+    net = slim.conv2d(net, 8, 3, rate=2, normalizer_fn=slim.batch_norm,
+                      normalizer_params=bn, scope="atrous")
+    net = tf.reduce_mean(net, [1, 2], name="pool")
+    return slim.fully_connected(net, 10, activation_fn=None, scope="logits")
+
+
 CASES = {
+    "slim_atrous": zoo_util.Case(_slim_atrous, (16, 16, 3)),
     "keras_layer_norm": zoo_util.Case(_keras_layer_norm, (4, 4, 3), flavours=("int8",)),
     # TFLite has no uint8 RSQRT kernel: layer norm converts to int8 only.
     "layer_norm_mlp": zoo_util.Case(_layer_norm_mlp, (4, 4, 3), flavours=("int8",)),

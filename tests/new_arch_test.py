@@ -23,7 +23,8 @@ import zoo_util  # pylint: disable=g-import-not-at-top
 
 # The cases that convert fully integer today; the others are issue #21's
 # open rows (README "Known limits").
-_PASSING = ["tcn", "transformer", "keras_layer_norm", "deeplab", "gelu_mlp", "layer_norm_mlp", "nn_attention"]
+_PASSING = ["tcn", "transformer", "keras_layer_norm", "deeplab", "slim_atrous",
+            "gelu_mlp", "layer_norm_mlp", "nn_attention"]
 
 
 class NewArchTest(zoo_test.ZooChecks, parameterized.TestCase):
