@@ -34,29 +34,42 @@ tf.compat.v1.disable_eager_execution()
 _PARITY_EXAMPLES = 8
 
 
-class ZooTest(zoo_util.ZooAssertions, parameterized.TestCase):
+class ZooChecks(zoo_util.ZooAssertions):
+    """The zoo's procedure for one case, as assertions of a TestCase mixin.
 
-    @parameterized.named_parameters(*[(name, name) for name in zoo_util.CASES])
-    def test_train_restore_export(self, name):
+    tests/new_arch_test.py runs it on issue #21's blocks
+    (tests/arch_cases.py).
+    """
+
+    def check_train_restore_export(self, name: str) -> dict:
+        """Trains, restores, exports and compares case `name` (see the module).
+
+        Returns:
+          {label: (max output steps, worst own steps of a layer)} for each
+          flavour of qat.export ("uint8", "int8") and of TF's converter
+          ("uint8 (TF)", "int8 (TF)").
+        """
+        figures = {}
+        flavours = zoo_util.case_of(name).flavours
         workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
         checkpoint = os.path.join(workdir, "ckpt", "model")
         losses = zoo_util.train_two_steps(name, checkpoint)
         self.assertTrue(np.all(np.isfinite(losses)), losses)
         sess, x, y = zoo_util.eval_session(name, checkpoint)  # strict restore
         inputs = zoo_util.make_inputs(name, _PARITY_EXAMPLES, seed=5)
-        input_range = zoo_util.CASES[name].input_range
+        input_range = zoo_util.case_of(name).input_range
         with sess:
             reference = export.run_graph(sess, x.name, y.name, inputs)
             self.assertTrue(np.all(np.isfinite(reference)))
-            outputs_vary = zoo_util.CASES[name].outputs_vary
+            outputs_vary = zoo_util.case_of(name).outputs_vary
             if outputs_vary:
                 self.assert_outputs_vary(reference, "eval graph")
             models = export.export_tflite(
                 [x.name], [y.name], workdir, sess=sess,
-                flavours=("uint8", "int8"),
+                flavours=flavours,
                 input_ranges={x.op.name: input_range},
                 parity_inputs=inputs, max_diff_steps=zoo_util.MAX_DIFF_STEPS)
-            self.assertCountEqual(models, ["uint8", "int8"])
+            self.assertCountEqual(models, flavours)
             if outputs_vary:
                 for flavour, exported in models.items():
                     self.assert_outputs_vary(
@@ -64,9 +77,10 @@ class ZooTest(zoo_util.ZooAssertions, parameterized.TestCase):
                         f"{flavour} (qat.export)")
             frozen = export.freeze_session(sess, [y.op.name])
             for flavour, exported in models.items():
-                self.assert_each_layer_agrees(frozen, x, y, inputs, flavour,
-                                               exported.model)
-            for flavour in ("uint8", "int8"):
+                worst = self.assert_each_layer_agrees(frozen, x, y, inputs, flavour,
+                                                      exported.model)
+                figures[flavour] = (exported.parity.max_diff_steps, worst)
+            for flavour in flavours:
                 model = zoo_util.convert_with_tf(sess, x, y, flavour,
                                                  input_range)
                 export.check_fully_integer(model, frozen,
@@ -75,12 +89,22 @@ class ZooTest(zoo_util.ZooAssertions, parameterized.TestCase):
                                              inputs,
                                              max_diff_steps=zoo_util.MAX_DIFF_STEPS)
                 self.assertLessEqual(parity.max_diff_steps, zoo_util.MAX_DIFF_STEPS)
+                worst = figures[flavour][1]
                 if model != models[flavour].model:  # Same bytes: checked above.
-                    self.assert_each_layer_agrees(frozen, x, y, inputs, flavour,
-                                                   model)
+                    worst = self.assert_each_layer_agrees(frozen, x, y, inputs,
+                                                          flavour, model)
+                figures[f"{flavour} (TF)"] = (parity.max_diff_steps, worst)
                 if outputs_vary:
                     self.assert_outputs_vary(run_tflite(model, inputs),
                                               f"{flavour} (TF)")
+        return figures
+
+
+class ZooTest(ZooChecks, parameterized.TestCase):
+
+    @parameterized.named_parameters(*[(name, name) for name in zoo_util.CASES])
+    def test_train_restore_export(self, name):
+        self.check_train_restore_export(name)
 
 
 if __name__ == "__main__":

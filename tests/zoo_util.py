@@ -25,6 +25,7 @@ import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 from qat import graph_editor as ge  # pylint: disable=g-import-not-at-top
 from qat import report  # pylint: disable=g-import-not-at-top
+from qat.engine import marks  # pylint: disable=g-import-not-at-top
 from qat.quantize import patterns as quantize_patterns  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
@@ -40,6 +41,8 @@ class Case:
     # Whether the eval graph's output (and TFLite's) differs between
     # examples after the two training steps; see _NEARLY_CONSTANT.
     outputs_vary: bool = True
+    # TFLite flavours the model converts to (uint8 has no RSQRT kernel).
+    flavours: Tuple[str, ...] = ("uint8", "int8")
 
 
 def _app(app, **kwargs):
@@ -163,12 +166,22 @@ CASES: Dict[str, Case] = {
 }
 
 
+# Cases outside the zoo (tests/arch_cases.py) that the helpers below accept by
+# name; tests/zoo_test.py runs `CASES` only.
+EXTRA_CASES: Dict[str, Case] = {}
+
+
+def case_of(name: str) -> Case:
+    """The case called `name`, from `CASES` or `EXTRA_CASES`."""
+    return CASES[name] if name in CASES else EXTRA_CASES[name]
+
+
 def build_graph(name: str, training: bool, batch=None):
     """Builds one zoo model in a new graph; returns (graph, input, output).
 
     The output is `tf.identity(<model output>, name="output")`.
     """
-    case = CASES[name]
+    case = case_of(name)
     g = tf.Graph()
     with g.as_default():
         # tf_keras draws each unseeded initializer's seed from Python's
@@ -191,7 +204,7 @@ def make_inputs(name: str, n: int, seed: int = 0) -> np.ndarray:
     is half noise, half a coarse random pattern (4 cells along each
     spatial axis), scaled by a contrast of its own.
     """
-    case = CASES[name]
+    case = case_of(name)
     return make_pattern_inputs(case.size, case.input_range, n, seed)
 
 
@@ -257,7 +270,8 @@ def recalibrate_batch_norms(graph: tf.Graph) -> tf.Operation:
     """
     updates = []
     for op in graph.get_operations():
-        if op.type in quantize_patterns.BATCH_NORM_TYPES and op.get_attr("is_training"):
+        if (op.type in quantize_patterns.BATCH_NORM_TYPES and op.get_attr("is_training")
+                and not marks.is_replaced(op)):  # tf_keras's fused layer norm.
             for moving, batch in ((op.inputs[3], op.outputs[1]),
                                   (op.inputs[4], op.outputs[2])):
                 assert moving.op.type == "ReadVariableOp", moving.op.name
@@ -376,7 +390,8 @@ MIN_MATCHED_ROWS = 0.5
 class ZooAssertions:
     """zoo_test's checks of a TFLite model against the eval graph (a TestCase mixin)."""
 
-    def assert_each_layer_agrees(self, frozen, x, y, inputs, flavour, model):
+    def assert_each_layer_agrees(self, frozen, x, y, inputs, flavour, model) -> float:
+        """Every checked layer within MAX_OWN_STEPS; returns the worst own steps."""
         agreement = layer_agreement(frozen, x, y, inputs, flavour, model)
         numerics = agreement.numerics
         self.assertGreaterEqual(len(agreement.matched),
@@ -386,6 +401,7 @@ class ZooAssertions:
         worst = agreement.worst
         self.assertLessEqual(worst.max_own_steps, MAX_OWN_STEPS,
                              f"{flavour}: {worst.name}\n{numerics.format()}")
+        return worst.max_own_steps
 
     def assert_outputs_vary(self, outputs, label):
         """Parity means little if every example gets the same output."""

@@ -19,6 +19,11 @@ FOLD = "fold"
 QUANTIZER = "quantizer"
 QUANTIZER_OUTPUT = "quantizer_output"
 STANDALONE_BATCH_NORM = "standalone_batch_norm"
+LAYER_NORM = "layer_norm"
+
+# Set on a user op whose consumers a rewrite moved onto qat's replacement
+# (tf_keras's fused layer norm): its value names the replacement's output.
+REPLACED_BY_ATTR = "_qat_replaced_by"
 STEP_COUNTER = "step_counter"
 
 
@@ -76,3 +81,12 @@ def quantizer_of(t: tf.Tensor) -> Optional[tf.Tensor]:
 # The longest chain from a quantizer's input to its output: reduction, zero
 # clamp, symmetric widening (2), moving average (3), FakeQuant, Reshape, Select.
 _MAX_QUANTIZER_DEPTH = 12
+
+
+def is_replaced(op: tf.Operation) -> bool:
+    """Whether a rewrite replaced the user op `op` (`REPLACED_BY_ATTR`)."""
+    try:
+        op.get_attr(REPLACED_BY_ATTR)
+        return True
+    except ValueError:
+        return False

@@ -136,6 +136,12 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
                                   [shared("one", 1.0, stat_dtype), s_stopped], T=stat_dtype))
     # What BiasAdd_Fold reads: y (eval) or y * s (training, after the freeze).
     folded_input = None if plan.training else ext(plan.layer_output)
+    # Eval atrous conv: b_fold is added before the BatchToSpaceND (rebuilt
+    # after it), so TFLite's CONV_2D adds it and its output carries the
+    # layer's range; BatchToSpaceND keeps that scale.
+    bts = plan.batch_to_space if not plan.training else None
+    if bts is not None:
+        folded_input = ext(bts.inputs[0])
     if plan.training:
         # The layer reads fq(w*s) / s (per output channel, weight-sized):
         # its output is the unfolded layer's, which feeds the ORIGINAL batch
@@ -166,6 +172,11 @@ def emit(plan: fold_plan.FoldPlan, batch: node_batch.NodeBatch, frozen: Optional
                                     [folded_input, emitted.b_fold], T=dtype,
                                     data_format="NCHW" if plan.channels_first else "NHWC")
             emitted.folded = emitted.bias_add
+            if bts is not None:
+                emitted.folded = node(
+                    prefix + "BatchToSpaceND_Fold", "BatchToSpaceND",
+                    [emitted.bias_add, ext(bts.inputs[1]), ext(bts.inputs[2])], T=dtype,
+                    Tblock_shape=bts.get_attr("Tblock_shape"), Tcrops=bts.get_attr("Tcrops"))
             if plan.squeeze is not None:
                 emitted.folded = node(prefix + "Squeeze_Fold", "Squeeze",
                                       [emitted.bias_add], T=dtype,

@@ -28,6 +28,10 @@ with moving statistics):
           still gives the unfolded value; moving-average updates of a
           batch-statistics batch norm keep computing what they did)
 
+  An atrous conv adds b_fold before its BatchToSpaceND instead (layer [->
+  Squeeze] -> BiasAdd_Fold -> "<ctx>/BatchToSpaceND_Fold"): TFLite's CONV_2D
+  then adds it and writes the tensor that carries the layer's range.
+
 Training structure (is_training=True, batch norm using batch statistics).
 DESIGN DECISION: the convolution is computed ONCE (PyTorch ConvBn style), not
 twice like contrib (a float layer for the batch statistics plus the folded
@@ -332,6 +336,8 @@ def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
     record = fold_record(config, use_cond)
     done = preconditions.check_previous_rewrite(graph, "fold", record)
     batch_norms, unreachable = bn_lib.find_batch_norms(graph)
+    # Replaced by a rewrite (tf_keras's fused layer norm): nothing reads them.
+    batch_norms = [bn for bn in batch_norms if not marks.is_replaced(bn.op)]
     skipped = [SkippedBatchNorm(name, reason) for name, reason in unreachable]
     plans = []
     after_no_layer = []

@@ -46,6 +46,8 @@ class FoldPlan:
     squeeze: Optional[tf.Operation]  # Conv1D: Conv2D -> Squeeze
     channels_first: bool
     training: bool                   # training structure
+    # Atrous conv: the BatchToSpaceND after the layer.
+    batch_to_space: Optional[tf.Operation] = None
 
 
 def data_format(op: tf.Operation) -> str:
@@ -83,7 +85,7 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
         if op._control_flow_context is not None:  # pylint: disable=protected-access
             raise CannotFold("%s is inside a v1 tf.cond / tf.while_loop" % op.name)
     chain = [layer_op]
-    for name in ("batch_to_space", "squeeze", "layer_identity", "bias_add",
+    for name in ("atrous_squeeze", "batch_to_space", "squeeze", "layer_identity", "bias_add",
                  "reshape"):
         op = match.get_op(name)
         if op is not None:
@@ -140,7 +142,7 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
             "of a moving mean and variance was found (ambiguous or missing)")
     return FoldPlan(bn=bn, layer_op=layer_op, layer_output=layer_output,
                  old_consumers=old_consumers, bias=bias, reshape=reshape,
-                 squeeze=squeeze,
+                 squeeze=squeeze, batch_to_space=match.get_op("batch_to_space"),
                  channels_first=channels_first,
                  training=is_training and bn.uses_batch_statistics)
 

@@ -7,7 +7,10 @@ patterns (look them up with `MatchResult.get_op(name)` / `get_tensor(name)`):
 LAYER_CHAIN, rooted at the tensor a batch norm reads (the "pre-BN" tensor)::
 
     [SpaceToBatchND ->] layer ("layer", weights: "weights")
-        [-> BatchToSpaceND ("batch_to_space")]      atrous convolution
+        [[-> Squeeze ("atrous_squeeze")] -> BatchToSpaceND ("batch_to_space")]
+                                                    atrous convolution (a
+                                                    dilated Conv1D squeezes
+                                                    first)
         [-> Squeeze ("squeeze")]                    Conv1D (ExpandDims -> Conv2D)
         [-> Identity ("layer_identity")]
         [-> BiasAdd | Add | AddV2 ("bias_add", vector: "bias")]
@@ -60,6 +63,8 @@ LAYER_TYPES = ("Conv2D", "MatMul", "DepthwiseConv2dNative")
 # a layer by type alone (the quantize pass tells gradient ops apart).
 TRANSPOSED_CONV_TYPES = ("Conv2DBackpropInput",)
 FOLDABLE_TYPES = LAYER_TYPES + TRANSPOSED_CONV_TYPES
+# Layers when their input 1 is weights (`is_weighted_einsum`); not folded.
+EINSUM_TYPES = ("Einsum",)
 FUSED_BATCH_NORM_TYPES = ("FusedBatchNorm", "FusedBatchNormV2",
                           "FusedBatchNormV3")
 # Ops that hold or read a variable's value.
@@ -113,8 +118,10 @@ LAYER = OneofPattern([
     OpTypePattern("|".join(LAYER_TYPES), inputs=["*", WEIGHTS]),
     OpTypePattern("|".join(TRANSPOSED_CONV_TYPES), inputs=["*", WEIGHTS, "*"]),
 ], name="layer")
-ATROUS_LAYER = OpTypePattern("BatchToSpaceND", name="batch_to_space",
-                             inputs=[LAYER, "*", "*"])
+# A dilated Conv1D squeezes before the BatchToSpaceND ("atrous_squeeze").
+ATROUS_LAYER = OpTypePattern("BatchToSpaceND", name="batch_to_space", inputs=[
+    OneofPattern([OpTypePattern("Squeeze", name="atrous_squeeze", inputs=[LAYER]),
+                  LAYER]), "*", "*"])
 LAYER_OUTPUT = OneofPattern([ATROUS_LAYER, LAYER], name="layer_output")
 _SQUEEZED = OneofPattern([
     OpTypePattern("Squeeze", name="squeeze", inputs=[LAYER_OUTPUT]),
@@ -187,8 +194,21 @@ def _unfused_batch_norm() -> OpTypePattern:
 UNFUSED_BATCH_NORM = _unfused_batch_norm()
 
 
+def is_weighted_einsum(op: tf.Operation) -> bool:
+    """An Einsum of an activation and weights (tf_keras EinsumDense,
+    MultiHeadAttention's projections): a layer. An Einsum of two activations
+    (attention scores) is not."""
+    if op.type not in EINSUM_TYPES or len(op.inputs) != 2 or is_parameter(op.inputs[0]):
+        return False
+    weights = op.inputs[1]
+    # Quantized already (a report on a rewritten graph): FakeQuant(weights, ...).
+    while weights.op.type.startswith("FakeQuantWithMinMax"):
+        weights = weights.op.inputs[0]
+    return is_parameter(weights)
+
+
 def layer_ops(graph: tf.Graph) -> List[tf.Operation]:
-    """Returns every Conv2D, MatMul and DepthwiseConv2dNative op of `graph`.
+    """Returns every Conv2D, MatMul, DepthwiseConv2dNative and weighted Einsum.
 
     Args:
       graph: the graph to scan.
@@ -197,7 +217,8 @@ def layer_ops(graph: tf.Graph) -> List[tf.Operation]:
       The layer ops in creation order.
     """
     wanted = frozenset(LAYER_TYPES)
-    return [op for op in graph.get_operations() if op.type in wanted]
+    return [op for op in graph.get_operations()
+            if op.type in wanted or is_weighted_einsum(op)]
 
 
 def weight_input(layer_op: tf.Operation) -> tf.Tensor:
@@ -210,7 +231,8 @@ def weight_input(layer_op: tf.Operation) -> tf.Tensor:
     layer reads `w * s` directly.
 
     Args:
-      layer_op: a Conv2D, MatMul or DepthwiseConv2dNative op.
+      layer_op: a Conv2D, MatMul, DepthwiseConv2dNative, transposed conv or
+        weighted Einsum op.
 
     Returns:
       The filter / right-hand matrix tensor.
@@ -218,7 +240,7 @@ def weight_input(layer_op: tf.Operation) -> tf.Tensor:
     Raises:
       ValueError: if `layer_op` is not a layer op.
     """
-    if layer_op.type not in FOLDABLE_TYPES:
+    if layer_op.type not in FOLDABLE_TYPES + EINSUM_TYPES:
         raise ValueError("%s (%s) is not a layer op; expected one of %s."
                          % (layer_op.name, layer_op.type, ", ".join(FOLDABLE_TYPES)))
     direct = layer_op.inputs[1]

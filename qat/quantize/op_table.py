@@ -6,7 +6,8 @@ of the ops that read it. The kinds follow TFLite's 8-bit quantization spec
 (see docs/what_gets_a_range.md, whose op table lists these sets):
 
 * OWN_RANGE: integer kernels whose output has its own scale (ADD, SUB, MUL,
-  MEAN, SUM, CONCATENATION, LEAKY_RELU, SQUARED_DIFFERENCE, ...): the output
+  MEAN, SUM, CONCATENATION, LEAKY_RELU, SQUARED_DIFFERENCE, RSQRT (layer
+  norm's arithmetic), ...): the output
   gets a range, every float data input must have one.
 * FUSABLE_ACTIVATIONS: activations TFLite fuses into the layer or the
   ADD / SUB before them (RELU, RELU6). Fused only when the activation is the
@@ -22,23 +23,27 @@ of the ops that read it. The kinds follow TFLite's 8-bit quantization spec
 
 Structures matched as a whole (patterns, in `qat.matching.matcher` style):
 
-* HARD_SWISH, `x * relu6(x + 3) / 6` in its usual spellings: the converter
-  turns it into one integer HARD_SWISH op when nothing is quantized inside,
-  so only its output gets a range.
-* DROPOUT, `Select(random >= rate, x * scale, 0)`: exists in training graphs
+* Activations written as several ops that the converter turns into one
+  integer op when nothing is quantized inside (HARD_SWISH, GELU): declared in
+  `qat.quantize.activation_patterns`; only their output gets a range.
+* DROPOUT, `Select(random >= rate, x * scale, 0)`, and DROP_PATH,
+  `x / keep * floor(keep + random)` (stochastic depth): exist in training graphs
   only; looked through (like a same-scale op) so that training and eval
   graphs plan, and name, the same ranges.
 """
-from typing import List, Optional, Set
+from typing import Optional, Set
 
 import tensorflow as tf
 
-from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
+from qat.matching.matcher import GraphMatcher, OpTypePattern
 
 OWN_RANGE_TYPES = frozenset([
     "Add", "AddV2", "BiasAdd", "Sub", "Mul", "Mean", "Sum", "ConcatV2",
     "Concat", "LeakyRelu", "SquaredDifference", "Relu", "Relu6",
-    "Maximum", "Minimum",
+    "Maximum", "Minimum", "Rsqrt",
+    # A matmul of two activations (attention's scores and context), whose
+    # data inputs both need ranges; one with a weight operand is a layer.
+    "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
 ])
 
 # Reductions: a reduction to a scalar is loss arithmetic, not a model op.
@@ -50,7 +55,9 @@ RANGE_NAMES = {
     "Sub": "sub_quant", "Mul": "mul_quant", "Mean": "mean_quant",
     "Sum": "sum_quant", "ConcatV2": "concat_quant", "Concat": "concat_quant",
     "SquaredDifference": "squared_difference_quant",
-    "LeakyRelu": "leaky_relu_quant",
+    "LeakyRelu": "leaky_relu_quant", "Rsqrt": "rsqrt_quant",
+    "BatchMatMul": "matmul_quant", "BatchMatMulV2": "matmul_quant",
+    "BatchMatMulV3": "matmul_quant", "Einsum": "einsum_quant",
 }
 DEFAULT_RANGE_NAME = "act_quant"
 
@@ -82,36 +89,20 @@ _RANDOM_PREFIXES = ("Random", "StatelessRandom", "TruncatedNormal",
                     "StatelessTruncatedNormal", "Multinomial")
 
 
-def _hard_swish() -> OneofPattern:
-    x = OpTypePattern("*", name="x")
-    relu6 = OpTypePattern("Relu6", name="relu6", inputs=[
-        OpTypePattern("Add|AddV2", name="plus_three",
-                      inputs=[x, OpTypePattern("Const")],
-                      ordered_inputs=False)])
-    sixth = OneofPattern([
-        OpTypePattern("Mul", inputs=[relu6, OpTypePattern("Const")],
-                      ordered_inputs=False),
-        OpTypePattern("RealDiv|Div", inputs=[relu6, OpTypePattern("Const")]),
-    ], name="hard_sigmoid")
-    inner = OpTypePattern("Mul", name="x_relu6", inputs=[x, relu6],
-                          ordered_inputs=False)
-    return OneofPattern([
-        OpTypePattern("Mul", inputs=[x, sixth], ordered_inputs=False),
-        OpTypePattern("Mul", inputs=[inner, OpTypePattern("Const")],
-                      ordered_inputs=False),
-        OpTypePattern("RealDiv|Div", inputs=[inner, OpTypePattern("Const")]),
-    ], name="hard_swish")
-
-
-HARD_SWISH = _hard_swish()
-_HARD_SWISH_MATCHER = GraphMatcher(HARD_SWISH)
-
 DROPOUT = OpTypePattern("Select|SelectV2", name="dropout", inputs=[
     OpTypePattern("GreaterEqual", name="keep_mask", inputs=["*", "*"]),
     OpTypePattern("Mul|RealDiv", name="dropout_scale",
                   inputs=[OpTypePattern("*", name="dropout_input"), "*"]),
     "*"])
 _DROPOUT_MATCHER = GraphMatcher(DROPOUT)
+
+# Stochastic depth (drop path, tf_keras ConvNeXt's StochasticDepth):
+# (x / keep_prob) * floor(keep_prob + uniform), one draw per example.
+DROP_PATH = OpTypePattern("Mul", name="dropout", inputs=[
+    OpTypePattern("RealDiv|Mul", name="dropout_scale", inputs=[
+        OpTypePattern("*", name="dropout_input"), OpTypePattern("Const")]),
+    OpTypePattern("Floor", name="keep_mask")], ordered_inputs=False)
+_DROP_PATH_MATCHER = GraphMatcher(DROP_PATH)
 
 
 def _depends_on_random(t: tf.Tensor, depth: int = 6) -> bool:
@@ -126,41 +117,19 @@ def _depends_on_random(t: tf.Tensor, depth: int = 6) -> bool:
     return False
 
 
-def hard_swish_ops(op: tf.Operation) -> Optional[List[tf.Operation]]:
-    """The interior ops of a hard-swish ending at `op`, or None.
-
-    Args:
-      op: a candidate output op (Mul / RealDiv).
-
-    Returns:
-      The ops between the input x and `op` (that must get no range), or None
-      when `op` does not end a hard-swish.
-    """
-    if op.type not in ("Mul", "RealDiv", "Div"):
-        return None
-    # Cheap pre-check: a Relu6 one or two ops up.
-    if not any(i.op.type == "Relu6" or any(
-            j.op.type == "Relu6" for j in i.op.inputs) for i in op.inputs):
-        return None
-    match = _HARD_SWISH_MATCHER.match_op(op)
-    if match is None:
-        return None
-    names = ("plus_three", "relu6", "hard_sigmoid", "x_relu6")
-    inner = [match.get_op(n) for n in names if match.get_op(n) is not None]
-    if match.get_op("hard_sigmoid") is op:
-        return None
-    return [o for o in inner if o is not op]
-
-
 def dropout_ops(op: tf.Operation) -> Optional[Set[tf.Operation]]:
     """The dropout ops ending at `op` (the Select and its scale), or None.
 
-    A Select keeping `x * scale` where a random mask is set is dropout: it
-    exists only in training graphs.
+    A Select keeping `x * scale` where a random mask is set is dropout, and
+    `x / keep_prob * floor(keep_prob + random)` stochastic depth: both exist
+    only in training graphs.
     """
-    if op.type not in ("Select", "SelectV2"):
+    if op.type in ("Select", "SelectV2"):
+        match = _DROPOUT_MATCHER.match_op(op)
+    elif op.type == "Mul":
+        match = _DROP_PATH_MATCHER.match_op(op)
+    else:
         return None
-    match = _DROPOUT_MATCHER.match_op(op)
     if match is None or not _depends_on_random(match.get_tensor("keep_mask")):
         return None
     scale = match.get_op("dropout_scale")

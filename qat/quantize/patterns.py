@@ -9,7 +9,8 @@ from qat.matching import layer_patterns
 # Transposed convolutions (contrib never quantized them): Conv2DBackpropInput
 # (input_sizes, filter, data). Their weights are input 1 like the others.
 TRANSPOSED_CONV_TYPES = frozenset(layer_patterns.TRANSPOSED_CONV_TYPES)
-LAYER_TYPES = frozenset(layer_patterns.LAYER_TYPES) | TRANSPOSED_CONV_TYPES
+LAYER_TYPES = (frozenset(layer_patterns.LAYER_TYPES) | TRANSPOSED_CONV_TYPES
+               | frozenset(layer_patterns.EINSUM_TYPES))
 
 
 def data_input(layer_op):
@@ -64,6 +65,10 @@ def is_tail_end(op) -> bool:
 
 RESIDUAL_ADD_TYPES = frozenset(["Add", "AddV2"])
 
+# Reductions whose axes decide whether they are batch statistics (tail) or
+# per-example statistics (layer norm) after a layer.
+REDUCTION_TYPES = frozenset(["Mean"])
+
 # Fused batch norms; one that follows no layer gets its own range.
 BATCH_NORM_TYPES = frozenset(["FusedBatchNorm", "FusedBatchNormV2",
                               "FusedBatchNormV3"])
@@ -73,7 +78,7 @@ BATCH_NORM_TYPES = frozenset(["FusedBatchNorm", "FusedBatchNormV2",
 SAME_SCALE_TYPES = frozenset([
     "Reshape", "Pad", "PadV2", "MaxPool", "SpaceToBatchND", "BatchToSpaceND",
     "Identity", "Squeeze", "ExpandDims", "Transpose", "StridedSlice",
-    "DepthToSpace", "SpaceToDepth",
+    "DepthToSpace", "SpaceToDepth", "StopGradient", "PreventGradient",
 ])
 
 # Outputs that need their own range besides layer outputs.

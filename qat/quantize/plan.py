@@ -17,8 +17,9 @@ beside a quantized one.
   ...) whose float data inputs all have ranges: their output, named
   `<op scope>/<kind>` (`add_quant`, `mul_quant`, `mean_quant`, ...;
   `post_activation_bypass_quant` for an add reading an activation).
-* hard-swish `x * relu6(x + 3) / 6`: its output only (`act_quant`), so the
-  converter makes it one integer HARD_SWISH op.
+* Activations written as several ops (hard-swish, GELU;
+  `qat.quantize.activation_patterns`): their output only (`act_quant`), so
+  the converter makes each one integer HARD_SWISH / GELU op.
 * Same-scale ops (pools, reshapes, pads, ...), fixed-range ops (LOGISTIC,
   TANH, SOFTMAX) and training-only dropout get no range of their own.
 * A tensor an integer op reads that has no range yet (a graph input, a
@@ -44,6 +45,7 @@ from qat.matching import layer_patterns
 from qat.quantize import op_table
 from qat.quantize import patterns as qp
 from qat.quantize import plan_graph
+from qat.quantize import plan_structures
 from qat.quantize import standalone_batch_norm
 from qat.quantize.plan_graph import existing_quantizer  # pylint: disable=unused-import
 from qat.quantize.plan_graph import is_quantized_output
@@ -68,7 +70,7 @@ class Plan:
     weight_sharers: List[tf.Operation] = dataclasses.field(default_factory=list)
 
 
-class Planner(plan_graph.GraphView):
+class Planner(plan_structures.StructurePlanning, plan_graph.GraphView):
     """Plans the quantizers of one graph without changing it."""
 
     def __init__(self, graph, is_training, scope, per_channel,
@@ -92,9 +94,13 @@ class Planner(plan_graph.GraphView):
         self.outputs: Dict[tf.Operation, Optional[tf.Tensor]] = {}
         self.tail_ops: Set[tf.Operation] = set()
         self.fused: Set[tf.Operation] = set()       # activations fused before
-        self.interior: Set[tf.Operation] = set()    # inside a hard-swish
-        self.hard_swishes: Set[tf.Operation] = set()
+        # Inside an activation written as several ops (hard-swish, GELU).
+        self.interior: Set[tf.Operation] = set()
+        # Output op of such an activation -> its input.
+        self.whole_activations: Dict[tf.Operation, tf.Tensor] = {}
         self.looked_through: Dict[tf.Operation, tf.Tensor] = {}  # dropout
+        # Ops visited before their inputs had ranges (`_revisit_deferred`).
+        self._deferred: List[tf.Operation] = []
 
     # --- Helpers ------------------------------------------------------------
 
@@ -265,7 +271,12 @@ class Planner(plan_graph.GraphView):
     # --- Layers -------------------------------------------------------------
 
     def _residual_adds(self, t: tf.Tensor, exclude) -> List[tf.Operation]:
-        return [c for c in self._final_readers(t, exclude)
+        readers = self._final_readers(t, exclude)
+        # An eval graph's atrous layer output is read through the
+        # BatchToSpaceND the training graph has before its batch norm.
+        readers += [c for b in readers if b.type == "BatchToSpaceND"
+                    for c in self._final_readers(b.outputs[0])]
+        return [c for c in readers
                 if c.type in qp.RESIDUAL_ADD_TYPES and len(c.inputs) == 2
                 and all(self.is_data(i) for i in c.inputs)]
 
@@ -289,7 +300,10 @@ class Planner(plan_graph.GraphView):
         # TFLite fuses an activation into the layer op only when nothing
         # reshapes in between (a Conv1D's Squeeze, a Reshape before a batch
         # norm): then the eval graph's layer output is the reshaped one.
-        fusable = out.shape.rank == layer.outputs[0].shape.rank
+        # Nor across an atrous conv's BatchToSpaceND, which eval graphs have
+        # between the layer output and the activation.
+        fusable = (out.shape.rank == layer.outputs[0].shape.rank
+                   and not any(op.type == "BatchToSpaceND" for op in tail))
         self._plan_output(out, ctx, kind, -6.0, exclude=exclude,
                           fusable=fusable)
 
@@ -322,6 +336,7 @@ class Planner(plan_graph.GraphView):
         ok = all(r or (self._is_input(i) and op in self.model_ops)
                  for r, i in zip(ranged, data))
         if not ok:
+            self._deferred.append(op)
             if any(ranged):
                 missing = [i.name for r, i in zip(ranged, data) if not r]
                 self._leave(op.name, "%s reads %s, which has no range"
@@ -334,6 +349,7 @@ class Planner(plan_graph.GraphView):
             return
         for i in data:
             self._require(i)
+        self._plan_parameters(op)
         init_min = 0.0 if op.type in ("Relu", "Relu6") else -6.0
         kind = self._add_kind(op)
         if op.type in op_table.FUSING_TYPES:
@@ -343,32 +359,6 @@ class Planner(plan_graph.GraphView):
             out = op.outputs[0]
             self._plan(out, plan_graph.own_context(op), kind, init_min,
                        self.consumers(out), allow_unused=True)
-
-    def visit_hard_swish(self, op: tf.Operation, x: tf.Tensor) -> None:
-        if not self._is_ranged(x) and not self._is_input(x):
-            return
-        self._require(x)
-        out = op.outputs[0]
-        self._plan(out, plan_graph.own_context(op), "act_quant", -6.0,
-                   self.consumers(out), allow_unused=True)
-
-    def plan_standalone_batch_norm(self, bn: tf.Operation) -> None:
-        """A range for a batch norm that follows no layer (contrib had none).
-
-        Input normalisation, or a batch norm after a concat or an add: the
-        fold pass leaves it alone. Its input gets a range as a layer input
-        would, its output `<bn ctx>/bn_quant`, or `<bn ctx>/act_quant` after
-        the activation that alone reads it. Eval graphs then replace it by a
-        1x1 depthwise conv TFLite runs in integer
-        (`qat.quantize.standalone_batch_norm`).
-        """
-        if standalone_batch_norm.is_replaced(bn):
-            return  # An earlier pass moved its consumers to the depthwise form.
-        self.standalone_bns.append(bn)
-        x = standalone_batch_norm.data_input(bn, self.is_data)
-        if x is not None:
-            self._require(x)
-        self._plan_output(bn.outputs[0], _context(bn), "bn_quant", -6.0)
 
     def visit(self, op: tf.Operation) -> None:
         if (op in self.tail_ops and op not in self.tails) or op in self.fused \
@@ -383,13 +373,15 @@ class Planner(plan_graph.GraphView):
             return  # Loss arithmetic: no reader needs a range.
         if marks.made_by_qat(op, marks.QUANTIZER, marks.QUANTIZER_OUTPUT):
             return  # An earlier call's quantizer (a second call): never a float layer.
+        if marks.is_replaced(op):
+            return  # Unconnected: a rewrite moved its consumers.
         if (op.type in qp.BATCH_NORM_TYPES
                 or (op.type in op_table.FUNCTIONAL_TYPES
                     and standalone_batch_norm.is_batch_norm_cond(
                         op, self.function_library()))):
             self.plan_standalone_batch_norm(op)
-        elif op in self.hard_swishes:
-            self.visit_hard_swish(op, self.hard_swishes_x[op])
+        elif op in self.whole_activations:
+            self.visit_whole_activation(op, self.whole_activations[op])
         elif op.type in op_table.OWN_RANGE_TYPES:
             self.visit_own_range(op)
         elif (op.type in op_table.SAME_SCALE_TYPES
@@ -408,29 +400,11 @@ class Planner(plan_graph.GraphView):
 
     def _belongs_to_model(self, op: tf.Operation) -> bool:
         """Ops that end a model wherever they are (see `loss_ops`)."""
-        return (op in self.tail_ops or op in self.hard_swishes
+        return (op in self.tail_ops or op in self.whole_activations
                 or op.type in op_table.ACTIVATION_TYPES
                 or op.type in op_table.FIXED_RANGE_TYPES
                 or op.type in op_table.SAME_SCALE_TYPES
                 or op.type in qp.INPUT_TYPES)
-
-    def _find_structures(self, ordered) -> None:
-        self.hard_swishes_x: Dict[tf.Operation, tf.Tensor] = {}
-        for op in ordered:
-            inner = op_table.hard_swish_ops(op)
-            if inner is not None:
-                # The interior feeds the output only.
-                if all(len(self.readers(o.outputs[0])) == 1 for o in inner):
-                    self.hard_swishes.add(op)
-                    self.interior.update(inner)
-                    plus_three = [o for o in inner if o.type in ("Add", "AddV2")]
-                    x = [i for i in plus_three[0].inputs if self.is_data(i)]
-                    self.hard_swishes_x[op] = x[0]
-            dropout = op_table.dropout_ops(op)
-            if dropout is not None:
-                scale = [o for o in dropout if o is not op][0]
-                self.looked_through[op] = scale.outputs[0]
-                self.looked_through[scale] = scale.inputs[0]
 
     def run(self) -> List[Plan]:
         for layer in self.gradient_layers:
@@ -447,4 +421,5 @@ class Planner(plan_graph.GraphView):
         self.loss = self.loss_ops(self._belongs_to_model)
         for op in ordered:
             self.visit(op)
+        self._revisit_deferred()
         return list(self.plans.values())

@@ -8,10 +8,13 @@ Module functions recognise quantizers an earlier pass built.
 """
 from typing import List, Optional, Set, Tuple
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import tensor_util
 
 from qat.engine import marks
 from qat.matching import layer_patterns
+from qat.matching.matcher import GraphMatcher
 from qat.quantize import patterns as qp
 from qat.quantize import quantizer_batch
 
@@ -91,6 +94,40 @@ def _scales_by_scalar(op: tf.Operation, is_data) -> bool:
     if op.type not in ("Mul", "RealDiv", "Div"):
         return False
     return any(not is_data(i) and i.shape.rank == 0 for i in op.inputs)
+
+
+_UNFUSED_BATCH_NORM_MATCHER = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
+
+
+def _is_batch_norm(op: tf.Operation) -> bool:
+    return (op.type in qp.BATCH_NORM_TYPES or marks.made_by_qat(op, marks.FOLD)
+            or (op.type in ("Add", "AddV2")
+                and _UNFUSED_BATCH_NORM_MATCHER.match_op(op) is not None))
+
+
+def _channel_axis(layer: tf.Operation, rank: int) -> int:
+    try:
+        channels_first = layer.get_attr("data_format").startswith(b"NC")
+    except ValueError:  # MatMul: [batch, channels].
+        channels_first = False
+    return 1 if channels_first else rank - 1
+
+
+def _reduces_channels(op: tf.Operation, layer: tf.Operation) -> bool:
+    """A reduction over the layer's channel axis: never part of its tail.
+
+    A batch norm's statistics are per channel (the reduction keeps the
+    channel axis); layer norm reduces over the channels of each example, a
+    computation of its own that TFLite runs as MEAN, SQUARED_DIFFERENCE, ...
+    with ranges between them. Unknown axes count as a channel reduction.
+    """
+    if op.type not in qp.REDUCTION_TYPES:
+        return False
+    rank = op.inputs[0].shape.rank
+    axes = tensor_util.constant_value(op.inputs[1])
+    if rank is None or axes is None:
+        return True
+    return _channel_axis(layer, rank) in {int(a) % rank for a in np.ravel(axes)}
 
 
 def _restores_rank(op: tf.Operation, rank: Optional[int]) -> bool:
@@ -232,7 +269,9 @@ class GraphView(object):
         whatever follows it.
         """
         tail = {layer}
-        stack = [layer]
+        # The converter lowers a weighted Einsum to FULLY_CONNECTED and a
+        # RESHAPE, and adds the bias after the reshape: an ADD of its own.
+        stack = [] if layer.type in layer_patterns.EINSUM_TYPES else [layer]
         while stack:
             op = stack.pop()
             for out in op.outputs:
@@ -242,10 +281,13 @@ class GraphView(object):
                         continue
                     if _scales_by_scalar(c, self.is_data):
                         continue  # A MUL of its own, never folded.
+                    if _reduces_channels(c, layer):
+                        continue  # Layer-norm statistics: ops of their own.
                     if all(i.op in tail or not self.is_data(i)
                            for i in c.inputs):
                         tail.add(c)
                         stack.append(c)
+        self._cut_at_batch_to_space(tail)
         self._prune_leaves(layer, tail)
         exits = []
         for op in tail:
@@ -269,6 +311,23 @@ class GraphView(object):
             return tail, None
         exits.sort(key=lambda t: (t.op._id, t.value_index))  # pylint: disable=protected-access
         return tail, exits[-1]
+
+    @staticmethod
+    def _cut_at_batch_to_space(tail) -> None:
+        """Ends an atrous layer's tail before its BatchToSpaceND.
+
+        With a dynamic batch the converter does not fuse SpaceToBatchND ->
+        conv -> BatchToSpaceND into one dilated conv: TFLite's CONV_2D writes
+        the tensor the BatchToSpaceND reads, so that tensor carries the
+        layer's range (the eval fold adds b_fold before it), and a bias add
+        after it is an ADD of its own. Only a batch norm that still follows
+        (training graphs, where the fold keeps it) keeps the tail going: the
+        range is then after it, named the same.
+        """
+        for bts in [op for op in tail if op.type == "BatchToSpaceND"]:
+            after = forward_closure([bts]) & tail
+            if not any(_is_batch_norm(op) for op in after - {bts}):
+                tail -= after
 
     @staticmethod
     def _prune_leaves(layer, tail) -> None:

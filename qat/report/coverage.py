@@ -209,7 +209,7 @@ def coverage_report(graph: tf.Graph,
                 raise ValueError(f"output {name!r} is not an op of the graph") from e
     path = structure.data_path(graph, output_ops)
     layers = [op for op in structure.topological_order(path, graph)
-              if op.type in structure.LAYER_TYPES]
+              if structure.is_layer(op)]
     tails = [float_lib.layer_tail(layer, path) for layer in layers]
     layer_weight_quantizers = [structure.quantizer_reading(structure.weight_tensor(layer))
                                for layer in layers]

@@ -23,6 +23,7 @@ from typing import List, Optional, Sequence, Set
 import tensorflow as tf
 
 from qat.matching import layer_patterns
+from qat.quantize import activation_patterns
 from qat.quantize import patterns as quantize_patterns
 from qat.quantize import plan as quantize_plan
 from qat.report import structure
@@ -38,6 +39,7 @@ INTEGER_KERNEL_TYPES = frozenset([
     "SpaceToDepth", "BatchToSpaceND", "SpaceToBatchND", "Identity", "GatherV2", "Tile",
     "SquaredDifference", "Rsqrt", "Abs", "Neg", "Max", "Min", "ArgMax", "Elu", "Prelu",
     "HardSwish", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3",
+    "Einsum", "BatchMatMul", "Gelu",
 ])
 # Ops TFLite gives a fixed output range (their input needs one).
 FIXED_RANGE_TYPES = frozenset(["Softmax", "LogSoftmax", "Sigmoid", "Tanh"])
@@ -161,6 +163,12 @@ def find_float_tensors(graph: tf.Graph, path: Set[tf.Operation],
         if op.type in structure.FAKE_QUANT_TYPES:
             ranged.add(op.inputs[0].name)
             ranged.add(op.outputs[0].name)
+    for op in path:
+        # Activations written as several ops (GELU, hard-swish): TFLite runs
+        # each as one integer op, nothing inside has a range of its own.
+        found_activation = activation_patterns.match_whole_activation(op)
+        if found_activation is not None:
+            fused.update(found_activation[2])
     found: List[FloatTensor] = []
     float_names: Set[str] = set()
     for op in structure.topological_order(path, graph):

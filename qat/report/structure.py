@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from qat.engine import preconditions
 from qat.matching import layer_patterns
+from qat.quantize import op_table
 from qat.quantize import patterns as quantize_patterns
 from qat.quantize import quantizer_batch
 from qat.matching.matcher import GraphMatcher
@@ -27,7 +28,8 @@ from qat.matching.matcher import GraphMatcher
 FAKE_QUANT_TYPES = frozenset(quantizer_batch.FAKE_QUANT_TYPES)
 LAYER_TYPES = frozenset(quantize_patterns.LAYER_TYPES)
 INPUT_TYPES = quantize_patterns.INPUT_TYPES
-SAME_SCALE_TYPES = quantize_patterns.SAME_SCALE_TYPES
+# What the planner gives no range of its own (pools, resizes, reshapes, ...).
+SAME_SCALE_TYPES = op_table.SAME_SCALE_TYPES | quantize_patterns.SAME_SCALE_TYPES
 METADATA_TYPES = quantize_patterns.METADATA_TYPES
 BATCH_NORM_TYPES = quantize_patterns.BATCH_NORM_TYPES
 VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
@@ -41,6 +43,12 @@ FUNCTIONAL_CONTROL_FLOW_TYPES = frozenset([
 _UNFUSED_BATCH_NORM = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
 V1_CONTROL_FLOW_TYPES = frozenset(["Switch", "Merge", "Enter", "Exit", "NextIteration",
                                    "RefSwitch", "RefMerge", "RefEnter", "LoopCond"])
+
+
+def is_layer(op: tf.Operation) -> bool:
+    """A layer op: a conv, matmul or transposed conv, or an Einsum with weights."""
+    return op.type in LAYER_TYPES and (op.type not in layer_patterns.EINSUM_TYPES
+                                       or layer_patterns.is_weighted_einsum(op))
 
 
 @dataclasses.dataclass
@@ -302,7 +310,7 @@ def layer_of(tensor: tf.Tensor, depth: int = 8) -> Optional[tf.Operation]:
     op = tensor.op
     walkable = quantize_patterns.TAIL_TYPES | quantize_patterns.ACTIVATION_TYPES
     for _ in range(depth):
-        if op.type in LAYER_TYPES:
+        if is_layer(op):
             return op
         if not (op.type in walkable or quantize_patterns.is_tail_op(op)) or not op.inputs:
             return None

@@ -61,7 +61,7 @@ def add_range_summaries(graph: Optional[tf.Graph] = None, weight_histograms: boo
                   if op not in excluded]
     weight_variables = []
     for op in graph.get_operations():
-        if op.type in structure.LAYER_TYPES and op not in excluded:
+        if structure.is_layer(op) and op not in excluded:
             if structure.quantizer_reading(structure.weight_tensor(op)) is not None:
                 variable = structure.weight_variable(op)
                 if variable and variable not in weight_variables:

@@ -25,6 +25,14 @@ def _name_parts(name: str, graph_ops: set):
             yield stripped
 
 
+def _suffix(name: str, op_name: str) -> int:
+    """The de-duplicating number TFLite appended to `op_name` in `name` (0: none)."""
+    for part in name.split(";"):
+        if part.startswith(op_name) and part[len(op_name):].isdigit():
+            return int(part[len(op_name):])
+    return 0
+
+
 def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
                tflite: Dict[str, Dict[str, Any]], graph_ops: set) -> List[Optional[str]]:
     """The TFLite tensor of each row: None where none matched.
@@ -37,7 +45,8 @@ def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
       graph_ops: the eval graph's op names.
 
     A row takes a tensor of its shape named after its first candidate TF op
-    that has one (quantized tensors first). A fused TFLite op names its tensor
+    that has one (quantized tensors first; of a lowered op's numbered tensors
+    the last). A fused TFLite op names its tensor
     after every TF op it fused ("relu;BiasAdd;Conv2D") and holds the last
     one's output, so a tensor named after the ops of several rows (a layer's
     own quantizer and its activation's) belongs to the last of them only.
@@ -57,11 +66,17 @@ def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
     matches = []
     for i, ((_, _, candidates), value) in enumerate(zip(rows_spec, values)):
         match = None
-        for candidate in candidates:
+        for k, candidate in enumerate(candidates):
             found = [name for name in names_of_op.get(candidate, ())
                      if last_row[name] == i and tflite[name]["value"].shape == value.shape]
             if found:
-                match = min(found, key=lambda name: not tflite[name]["integer"])
+                # Integer tensors first. An op the converter lowers to
+                # several (Einsum: TRANSPOSE, BATCH_MATMUL, RESHAPE, ...)
+                # numbers their tensors ("Einsum", "Einsum1", ...): the last
+                # holds its output. (A quantizer's numbered copy is a
+                # requantized one: the first candidate keeps the unnumbered.)
+                match = min(found, key=lambda name: (not tflite[name]["integer"],
+                                                     -_suffix(name, candidate) if k else 0))
                 break
         matches.append(match)
     return matches
