@@ -12,7 +12,7 @@ eval graph layer by layer. Used by tests/zoo_test.py.
 import dataclasses
 import math
 import os
-from typing import Callable, Dict, List, Set, Tuple
+from typing import Callable, Dict, List, Tuple
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -22,7 +22,6 @@ import tf_keras as keras  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
-from qat import graph_editor as ge  # pylint: disable=g-import-not-at-top
 from qat import report  # pylint: disable=g-import-not-at-top
 from qat.quantize import patterns as quantize_patterns  # pylint: disable=g-import-not-at-top
 
@@ -115,6 +114,48 @@ def _hard_swish_se(x):
     return layers.Dense(10, name="logits")(net)
 
 
+def _concat_branches(x):
+    """Branches with different ranges into a concatenation (issue #21).
+
+    A small-weight ReLU branch, a large-weight signed branch, and an
+    average-pooled, bilinearly upsampled branch (its resize output a
+    concatenation input); an average pool after the concatenation.
+    """
+    small = keras.initializers.RandomUniform(-0.1, 0.1, seed=1)
+    large = keras.initializers.RandomUniform(-1.0, 1.0, seed=2)
+    a = layers.Conv2D(4, 3, padding="same", kernel_initializer=small, name="branch_a")(x)
+    a = layers.ReLU(name="branch_a_relu")(a)
+    b = layers.Conv2D(4, 3, padding="same", kernel_initializer=large, name="branch_b")(x)
+    c = layers.AveragePooling2D(2, name="branch_c_pool")(x)
+    c = layers.Conv2D(4, 1, name="branch_c")(c)
+    c = layers.UpSampling2D(2, interpolation="bilinear", name="branch_c_up")(c)
+    net = layers.Concatenate(name="cat")([a, b, c])
+    net = layers.AveragePooling2D(2, name="pool")(net)
+    net = layers.Conv2D(8, 1, name="head")(net)
+    net = layers.Flatten(name="flat")(net)
+    return layers.Dense(10, name="logits")(net)
+
+
+def _dense_chain(x):
+    """DenseNet's pattern: each concatenation reads the last; transitions pool."""
+    net = layers.Conv2D(8, 3, padding="same", use_bias=False, name="stem")(x)
+    net = layers.BatchNormalization(name="stem_bn")(net)
+    net = layers.ReLU(name="stem_relu")(net)
+    for block in range(2):
+        for i in range(3):
+            y = layers.BatchNormalization(name=f"b{block}_{i}_bn")(net)
+            y = layers.ReLU(name=f"b{block}_{i}_relu")(y)
+            y = layers.Conv2D(4, 3, padding="same", use_bias=False,
+                              name=f"b{block}_{i}_conv")(y)
+            net = layers.Concatenate(name=f"b{block}_{i}_cat")([net, y])
+        net = layers.BatchNormalization(name=f"t{block}_bn")(net)
+        net = layers.ReLU(name=f"t{block}_relu")(net)
+        net = layers.Conv2D(8, 1, use_bias=False, name=f"t{block}_conv")(net)
+        net = layers.AveragePooling2D(2, name=f"t{block}_pool")(net)
+    net = layers.GlobalAveragePooling2D(name="gap")(net)
+    return layers.Dense(10, name="logits")(net)
+
+
 # Models whose outputs barely differ between examples. `train_two_steps`
 # recalibrates the batch norms, so no activation collapses to zero any more
 # (before, two steps left the moving statistics at their initial values and
@@ -149,6 +190,8 @@ CASES: Dict[str, Case] = {
     "conv_leaky_relu": Case(_leaky, (8, 8, 3)),
     "dense_tanh_sigmoid": Case(_dense_tanh_sigmoid, (8, 8, 3)),
     "hard_swish_squeeze_excite": Case(_hard_swish_se, (16, 16, 3)),
+    "concat_branches": Case(_concat_branches, (8, 8, 3)),
+    "dense_chain": Case(_dense_chain, (16, 16, 3)),
 }
 
 
@@ -288,7 +331,7 @@ class LayerAgreement:
     """Per-layer numerics of one TFLite model against the eval graph."""
     numerics: "report.NumericsReport"
     matched: List["report.TensorNumerics"]  # Rows with a TFLite tensor.
-    checked: List["report.TensorNumerics"]  # Matched, integer, and not beside a concat.
+    checked: List["report.TensorNumerics"]  # Matched and integer.
 
     @property
     def worst(self) -> "report.TensorNumerics":
@@ -299,43 +342,13 @@ class LayerAgreement:
 def layer_agreement(frozen, x, y, inputs, flavour: str, model: bytes) -> LayerAgreement:
     """Each layer of `model` against the eval graph, given TFLite's own inputs.
 
-    Rows beside a concatenation are not checked (README "Known limits"):
-    TFLite gives a concatenation one scale for its inputs and output. In int8
-    every input takes the concatenation's scale, where the eval graph first
-    quantizes it with its own range; in both flavours an input with no range
-    of its own (a pool's output) is requantized to it, and the other readers
-    of that tensor read the requantized values.
+    Every matched integer row is checked, concatenations' neighbours
+    included: a concatenation and its inputs share one range
+    (`qat.quantize.shared_ranges`), as TFLite shares one scale.
     """
     numerics = report.layer_numerics(frozen, x.name, [y.op.name], inputs,
                                      flavour=flavour, model=model)
     matched = [r for r in numerics.rows if r.tflite_tensor is not None]
-    beside = _rows_beside_concat(frozen, numerics, quantized_inputs=flavour == "int8")
     checked = [r for r in matched  # A float TFLite tensor has no steps.
-               if not math.isnan(r.max_own_steps) and r.name not in beside]
+               if not math.isnan(r.max_own_steps)]
     return LayerAgreement(numerics, matched, checked)
-
-
-def _rows_beside_concat(frozen, numerics, quantized_inputs: bool) -> Set[str]:
-    """Rows whose output, or a tensor their layer reads, a concatenation reads.
-
-    With `quantized_inputs` False, only concatenation inputs that are no row
-    (have no range of their own) count.
-    """
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.import_graph_def(frozen, name="")
-    row_tensors = {r.tensor for r in numerics.rows}
-    concat_inputs = {t.name for op in graph.get_operations() if op.type == "ConcatV2"
-                     for t in op.inputs[:-1]}
-    if not quantized_inputs:
-        concat_inputs -= row_tensors
-    beside = set()
-    for row in numerics.rows:
-        start = graph.get_tensor_by_name(row.tensor)
-        # Back from the row to the rows (or graph inputs) before it.
-        stops = [graph.get_tensor_by_name(name) for name in row_tensors - {start.name}]
-        read = {start.name} | {t.name for op in ge.get_backward_walk_ops(start, stop_at_ts=stops)
-                               for t in op.inputs}
-        if read & concat_inputs:
-            beside.add(row.name)
-    return beside
