@@ -56,6 +56,7 @@ class PropertyTest(absltest.TestCase):
     @hypothesis.example(net=_FIXED["conv_bn_relu"])
     @hypothesis.example(net=_FIXED["dense_unfused"])
     @hypothesis.example(net=_FIXED["concat_input"])
+    @hypothesis.example(net=_FIXED["slim_head"])
     @hypothesis.given(net=networks.networks())
     def test_invariants_hold_on_random_networks(self, net):
         self.assertTrue(networks.is_valid(net), net.describe())
@@ -112,12 +113,13 @@ class InvariantCheckersTest(absltest.TestCase):
 
     def test_shrink_keeps_failing_and_simplifies(self):
         net = networks.Network(4, False, (
-            networks.Block("atrous", 3, True, "fused", "relu", "pre", "none"),
-            networks.Block("conv", 2, True, "unfused", "leaky_relu", "none", "net_input")))
+            networks.Block("atrous", 3, "bias_add", "fused", "relu", "pre", "none"),
+            networks.Block("conv", 2, "plus", "unfused", "leaky_relu", "none", "net_input",
+                           dropout="keras")), head="reshape", head_in_scope=False)
         small = networks.shrink(
             net, lambda n: any(b.concat == "net_input" for b in n.blocks))
         self.assertEqual(small, networks.Network(4, True, (
-            networks.Block("conv", 2, False, "none", "none", "none", "net_input"),)))
+            networks.Block("conv", 2, "none", "none", "none", "none", "net_input"),)))
 
     def test_inputs_are_deterministic(self):
         net = _FIXED["dense_unfused"]

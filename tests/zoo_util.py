@@ -176,6 +176,16 @@ CASES: Dict[str, Case] = {
                                (0.0, 255.0), **_NEARLY_CONSTANT),
     "mobilenet_v3_large": Case(_app(_APPS.MobileNetV3Large), (32, 32, 3),
                                (0.0, 255.0), **_NEARLY_CONSTANT),
+    # Logits as the output (no softmax), as many TFLite exports are: the
+    # 1x1-conv classifier head, read by a Reshape, is the model output.
+    "mobilenet_logits": Case(_app(_APPS.MobileNet, classifier_activation=None),
+                             (64, 64, 3)),
+    "mobilenet_v3_small_logits": Case(
+        _app(_APPS.MobileNetV3Small, classifier_activation=None), (32, 32, 3),
+        (0.0, 255.0)),
+    "mobilenet_v3_large_logits": Case(
+        _app(_APPS.MobileNetV3Large, classifier_activation=None), (32, 32, 3),
+        (0.0, 255.0)),
     "resnet50": Case(_app(_APPS.ResNet50), (32, 32, 3)),
     "resnet50_v2": Case(_app(_APPS.ResNet50V2), (32, 32, 3)),
     "inception_v3": Case(_app(_APPS.InceptionV3), (75, 75, 3)),

@@ -14,14 +14,21 @@ and training mode), rewrites both and returns, for each invariant of
   leaves the GraphDef unchanged.
 * `weights_quantized`: each layer's weights reach the layers only through a
   FakeQuant (training and eval graphs).
-* `no_raw_and_quantized`: no data tensor (one computed from the network
-  input) is read both by a FakeQuant and raw by an op outside that
-  quantizer's range computation (training and eval graphs). A
-  concatenation's range reads its other inputs' values for its statistics
-  (`qat.quantize.shared_ranges`): those reductions are range computation too.
+* `no_raw_reader`: every reader of a data tensor (one computed from the
+  network input) that has a FakeQuant reads the FakeQuant's output, wherever
+  the reader lives (the loss, a head outside the model's scope); only that
+  quantizer's range computation reads the raw value (training and eval).
+* `one_range_per_layer_output`: no FakeQuant between a layer op and its bias
+  add (the layer output has one range, after the bias; both graphs).
+* `train_eval_symmetry`: every variable of the rewritten eval graph is one
+  of the rewritten training graph, with its shape, so a plain `Saver()` in
+  the eval graph restores the training checkpoint.
 * `shared_concat_ranges`: every data input of a quantized concatenation is
   read through a FakeQuant whose min / max variables are the
-  concatenation's (training and eval graphs).
+  concatenation's (training and eval graphs). A concatenation's range reads
+  its other inputs' raw values for its statistics
+  (`qat.quantize.shared_ranges`): `no_raw_reader` counts those reductions as
+  range computation.
 
 The checks are structural except the two that run a Session (one thread).
 """
@@ -44,7 +51,9 @@ INVARIANTS = (
     "idempotent_training",
     "idempotent_eval",
     "weights_quantized",
-    "no_raw_and_quantized",
+    "no_raw_reader",
+    "one_range_per_layer_output",
+    "train_eval_symmetry",
     "shared_concat_ranges",
 )
 TOLERANCE = 1e-4
@@ -212,13 +221,74 @@ def shared_concat_violations(graph: tf.Graph, input_tensor: tf.Tensor) -> List[s
     return problems
 
 
+# Ops between a layer op and its bias add that keep the layer's values.
+_LAYER_OUTPUT_PASSTHROUGH = frozenset(["Identity", "Squeeze", "Reshape", "BatchToSpaceND"])
+_BIAS_ADD_TYPES = frozenset(["BiasAdd", "Add", "AddV2"])
+
+
+def _back_through_passthrough(t: tf.Tensor) -> tf.Tensor:
+    while t.op.type in _LAYER_OUTPUT_PASSTHROUGH and t.op.inputs:
+        t = t.op.inputs[0]
+    return t
+
+
+def _is_parameter(t: tf.Tensor) -> bool:
+    """A variable read or a constant (maybe behind Identity)."""
+    op = t.op
+    while op.type == "Identity" and op.inputs:
+        op = op.inputs[0].op
+    return op.type in ("ReadVariableOp", "Const", "VariableV2", "VarHandleOp")
+
+
+def double_range_violations(graph: tf.Graph) -> List[str]:
+    """Bias adds that read a FakeQuant of a layer op's output."""
+    problems = []
+    for op in graph.get_operations():
+        if op.type not in _BIAS_ADD_TYPES or len(op.inputs) != 2:
+            continue
+        for data, param in (op.inputs, reversed(op.inputs)):
+            if not _is_parameter(param) or param.shape.rank != 1:
+                continue
+            fq = _back_through_passthrough(data).op
+            if not _is_fake_quant(fq):
+                continue
+            layer = _back_through_passthrough(fq.inputs[0]).op
+            if layer.type in LAYER_TYPES:
+                problems.append(f"{layer.name} has a range ({fq.name}) before its "
+                                f"bias add {op.name}")
+    return problems
+
+
+def _variables(graph: tf.Graph) -> Dict[str, tuple]:
+    with graph.as_default():
+        return {v.op.name: tuple(v.shape.as_list())
+                for v in tf.compat.v1.global_variables()}
+
+
+def symmetry_violations(eval_vars: Dict[str, tuple],
+                        training_vars: Dict[str, tuple]) -> List[str]:
+    """Eval-graph variables a training checkpoint lacks (or has in another shape)."""
+    problems = []
+    for name, shape in sorted(eval_vars.items()):
+        if name not in training_vars:
+            problems.append(f"eval variable {name} is not in the training graph")
+        elif training_vars[name] != shape:
+            problems.append(f"eval variable {name} {shape} is "
+                            f"{training_vars[name]} in training")
+    return problems
+
+
 def _structural(results, suffix, built) -> None:
     problems = weights_violations(built.graph, built.kernels)
     if problems:
         results["weights_quantized"] = f"{suffix}: " + "; ".join(problems)
     problems = raw_and_quantized_violations(built.graph, built.input)
-    if problems and results.get("no_raw_and_quantized") is None:
-        results["no_raw_and_quantized"] = f"{suffix}: " + "; ".join(problems)
+    if problems and results.get("no_raw_reader") is None:
+        results["no_raw_reader"] = f"{suffix}: " + "; ".join(problems)
+    problems = double_range_violations(built.graph)
+    if problems and results.get("one_range_per_layer_output") is None:
+        results["one_range_per_layer_output"] = f"{suffix}: " + "; ".join(problems)
+    results.setdefault("_variables", {})[suffix] = _variables(built.graph)
     problems = shared_concat_violations(built.graph, built.input)
     if problems and results.get("shared_concat_ranges") is None:
         results["shared_concat_ranges"] = f"{suffix}: " + "; ".join(problems)
@@ -293,6 +363,11 @@ def check_network(net: "networks.Network", seed: int = 0) -> Dict[str, Optional[
         except Exception as e:  # pylint: disable=broad-except
             results["rewrite_succeeds"] = (
                 f"{check.__name__[7:]}: {type(e).__name__}: {e}"[:400])
+    variables = results.pop("_variables", {})
+    if len(variables) == 2:
+        problems = symmetry_violations(variables["eval"], variables["training"])
+        if problems:
+            results["train_eval_symmetry"] = "; ".join(problems)
     return results
 
 

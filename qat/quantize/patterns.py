@@ -45,8 +45,22 @@ def is_tail_op(op) -> bool:
     """Whether `op` can be part of a layer's tail (see TAIL_TYPES)."""
     return op.type in TAIL_TYPES or marks.made_by_qat(op, marks.FOLD)
 
-# Tail ops that change the shape: a tail never ends with them.
-RESHAPING_TYPES = frozenset(["Mean", "Reshape", "Squeeze", "ExpandDims"])
+# The ops a tail may end with: a bias add, a batch norm (fused, its
+# arithmetic's final add or scale, one inside an If) or an atrous conv's
+# BatchToSpaceND; qat's fold ops too (`is_tail_end`). Anything else after
+# them (Squeeze, Reshape, Identity, global pooling, loss arithmetic) reads
+# the layer output and is not part of it.
+TAIL_END_TYPES = frozenset([
+    "BiasAdd", "Add", "AddV2", "Mul", "RealDiv", "Div",
+    "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3",
+    "BatchToSpaceND", "If", "StatelessIf",
+])
+
+
+def is_tail_end(op) -> bool:
+    """Whether a layer's tail may end with `op` (see TAIL_END_TYPES)."""
+    return op.type in TAIL_END_TYPES or marks.made_by_qat(op, marks.FOLD)
+
 
 RESIDUAL_ADD_TYPES = frozenset(["Add", "AddV2"])
 
@@ -65,6 +79,11 @@ SAME_SCALE_TYPES = frozenset([
 # Outputs that need their own range besides layer outputs.
 CONCAT_TYPES = frozenset(["ConcatV2", "Concat"])
 MEAN_TYPES = frozenset(["Mean"])
+
+# Loss kernels: what they read is a model output (the logits), what they
+# compute is not on the inference path.
+LOSS_KERNEL_TYPES = frozenset(["SparseSoftmaxCrossEntropyWithLogits",
+                               "SoftmaxCrossEntropyWithLogits"])
 
 # Graph inputs (data sources that are not layer outputs).
 INPUT_TYPES = frozenset(["Placeholder", "PlaceholderWithDefault",

@@ -376,6 +376,8 @@ class Planner(plan_graph.GraphView):
             return
         if not self._in_scope(op) or not op.outputs:
             return
+        if op in self.loss:
+            return  # Loss arithmetic: no reader needs a range.
         if marks.made_by_qat(op, marks.QUANTIZER, marks.QUANTIZER_OUTPUT):
             return  # An earlier call's quantizer (a second call): never a float layer.
         if (op.type in qp.BATCH_NORM_TYPES
@@ -400,6 +402,14 @@ class Planner(plan_graph.GraphView):
             self._leave(op.name, reason)
 
     # --- Driver -------------------------------------------------------------
+
+    def _belongs_to_model(self, op: tf.Operation) -> bool:
+        """Ops that end a model wherever they are (see `loss_ops`)."""
+        return (op in self.tail_ops or op in self.hard_swishes
+                or op.type in op_table.ACTIVATION_TYPES
+                or op.type in op_table.FIXED_RANGE_TYPES
+                or op.type in op_table.SAME_SCALE_TYPES
+                or op.type in qp.INPUT_TYPES)
 
     def _find_structures(self, ordered) -> None:
         self.hard_swishes_x: Dict[tf.Operation, tf.Tensor] = {}
@@ -431,6 +441,7 @@ class Planner(plan_graph.GraphView):
             tail, out = self.walk_tail(layer, stop=self.interior)
             self.tails[layer], self.outputs[layer] = tail, out
             self.tail_ops |= tail
+        self.loss = self.loss_ops(self._belongs_to_model)
         for op in ordered:
             self.visit(op)
         shared_ranges.plan(self, ordered)

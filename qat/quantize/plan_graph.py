@@ -117,7 +117,60 @@ class GraphView(object):
                      and any(is_float(o) for o in op.outputs))
         self.data_ops = forward_closure(seeds) - self.gradient_ops
         self.model_ops = self._ancestors(self.layers)
+        self.inference_ops = self._ancestors(self._inference_seeds())
         self.library = None
+
+    def _inference_seeds(self) -> List[tf.Operation]:
+        """Ops whose results are model outputs: layers, producers of the
+        non-scalar tensors nothing reads, and what loss kernels read."""
+        seeds = list(self.layers)
+        for op in self.data_ops:
+            if op.type in qp.LOSS_KERNEL_TYPES:
+                seeds.extend(i.op for i in op.inputs if i.op in self.data_ops)
+                continue
+            if qp.is_state_update(op) or op.type in qp.METADATA_TYPES:
+                continue
+            for out in op.outputs:
+                if out.shape.rank != 0 and not self.readers(out):
+                    seeds.append(op)
+                    break
+        return seeds
+
+    def loss_ops(self, keep) -> Set[tf.Operation]:
+        """The loss arithmetic: ops that compute nothing but the loss.
+
+        Walks back from the scalars the data path reduces to (and from loss
+        kernels) through ops off the inference path, and stops at the first
+        op `keep(op)` is true for (a layer's tail, an activation, a
+        same-scale op such as the `tf.identity` naming a model output):
+        `reduce_mean(square(logits - y))` is loss from the Sub on, while a
+        model ending in `leaky_relu(x)` that only the loss reads still ends
+        in that activation, as its eval graph does.
+
+        Args:
+          keep: predicate on ops that belong to the model wherever they are.
+
+        Returns:
+          The ops of the loss: no range, no "left float" warning.
+        """
+        def is_root(op):
+            return op.type in qp.LOSS_KERNEL_TYPES or (
+                op.outputs and all(o.shape.rank == 0 for o in op.outputs))
+
+        loss: Set[tf.Operation] = set()
+        stack = [op for op in self.data_ops if is_root(op) and not keep(op)
+                 and op not in self.inference_ops]
+        while stack:
+            op = stack.pop()
+            if op in loss:
+                continue
+            loss.add(op)
+            for i in op.inputs:
+                p = i.op
+                if (p in self.data_ops and p not in loss and not keep(p)
+                        and p not in self.inference_ops):
+                    stack.append(p)
+        return loss
 
     def _ancestors(self, ops) -> Set[tf.Operation]:
         """Data ops some layer reads, directly or not (the model proper)."""
@@ -164,9 +217,12 @@ class GraphView(object):
                   ) -> Tuple[Set[tf.Operation], Optional[tf.Tensor]]:
         """Returns (tail ops, layer output tensor) of a layer op.
 
-        An op joins the tail when it is a tail type, not in `stop`, and
-        every data input it has comes from the tail (the others are
-        parameters), so residual adds never join.
+        An op joins the tail when it is a tail type, not in `stop`, and every data input it has comes from the tail (the
+        others are parameters), so residual adds never join. The tail then
+        ends at a bias add or batch norm (`qat.quantize.patterns.is_tail_end`):
+        a Squeeze, Reshape or Identity after it reads the layer output, so
+        training and eval graphs put the layer's one range at the same op
+        whatever follows it.
         """
         tail = {layer}
         stack = [layer]
@@ -183,7 +239,7 @@ class GraphView(object):
                            for i in c.inputs):
                         tail.add(c)
                         stack.append(c)
-        self._prune_reshaping_leaves(layer, tail)
+        self._prune_leaves(layer, tail)
         exits = []
         for op in tail:
             for out in op.outputs:
@@ -195,15 +251,11 @@ class GraphView(object):
                            and c.type not in qp.METADATA_TYPES]
                 if outside:
                     exits.append(out)
-        rank = layer.outputs[0].shape.rank
         if not exits:
             # Nothing reads the tail yet (a final layer the user fetches).
             exits = [out for op in tail for out in op.outputs
                      if is_float(out) and not out.consumers()]
-            if exits and not any(t.shape.rank == rank for t in exits):
-                # What follows is arithmetic down to a scalar (a loss read
-                # off the layer): the layer itself is the output, read by it.
-                return {layer}, layer.outputs[0]
+        rank = layer.outputs[0].shape.rank
         same_rank = [t for t in exits if t.shape.rank == rank]
         exits = same_rank or exits
         if not exits:
@@ -211,21 +263,21 @@ class GraphView(object):
         exits.sort(key=lambda t: (t.op._id, t.value_index))  # pylint: disable=protected-access
         return tail, exits[-1]
 
-    def _prune_reshaping_leaves(self, layer, tail) -> None:
-        """Drops reshaping ops that end a tail (global pooling, flatten).
+    @staticmethod
+    def _prune_leaves(layer, tail) -> None:
+        """Drops ops that end a tail without being a bias add or batch norm.
 
-        `conv -> Mean` or `conv -> Reshape -> MatMul` leave the layer there;
-        the conv output, not the pooled one, is the layer output.
+        `conv -> Mean` (global pooling), `conv -> BiasAdd -> Squeeze ->
+        Identity` (a logits head) or `dense -> Reshape` leave the layer at
+        the last bias add or batch norm, not at the pooled, squeezed or
+        renamed tensor.
         """
         changed = True
         while changed:
             changed = False
             for op in list(tail):
-                if op is layer or op.type not in qp.RESHAPING_TYPES:
+                if op is layer or qp.is_tail_end(op):
                     continue
-                consumers = [c for out in op.outputs for c in out.consumers()
-                             if c not in self.gradient_ops]
-                if (not any(c in tail for c in consumers) and any(
-                        not qp.is_state_update(c) for c in consumers)):
+                if not any(c in tail for out in op.outputs for c in out.consumers()):
                     tail.discard(op)
                     changed = True

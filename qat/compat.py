@@ -1,0 +1,236 @@
+"""`tensorflow.contrib` imports for TF1 scripts, and tf-slim on TensorFlow 2.21.
+
+TF 1.x scripts import the libraries qat replaces from `tensorflow.contrib`:
+
+    from tensorflow.contrib import quantize as contrib_quantize
+    import tensorflow.contrib.graph_editor as ge
+    from tensorflow.contrib import slim
+    tf.contrib.quantize.create_training_graph(quant_delay=2000)
+
+After one opt-in call, `qat.compat.install()`, these resolve to qat
+(`qat.create_training_graph`, ..., `qat.graph_editor`) and to tf_slim. Only
+`quantize`, `graph_editor` and `slim` are provided: any other
+`tensorflow.contrib.<name>` raises an ImportError (AttributeError for
+`tf.contrib.<name>`) that says so.
+
+`enable_slim()` makes tf-slim 1.1.0 work on TF 2.21: TensorFlow's
+`tensorflow.python.layers.normalization` (which `slim.batch_norm` uses) loads
+`tf_keras.legacy_tf_layers`, which tf_keras 2.21 keeps at
+`tf_keras.src.legacy_tf_layers`; the old names are registered as aliases.
+"""
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+from typing import Optional, Sequence
+
+from absl import logging
+import tensorflow as tf
+
+import qat
+from qat import graph_editor
+
+CONTRIB = "tensorflow.contrib"
+# The tensorflow.contrib modules qat.compat provides, and what they map to.
+PROVIDED = ("quantize", "graph_editor", "slim")
+
+_LEGACY_LAYERS = "tf_keras.legacy_tf_layers"
+_LEGACY_LAYERS_SRC = "tf_keras.src.legacy_tf_layers"
+_LEGACY_LAYERS_MODULES = ("base", "convolutional", "core", "migration_utils",
+                          "normalization", "pooling", "variable_scope_shim")
+_LEGACY_KERAS_VALUES = ("true", "True", "1")
+_QUANTIZE_FUNCTIONS = ("create_training_graph", "create_eval_graph",
+                       "experimental_create_training_graph",
+                       "experimental_create_eval_graph")
+# Where a provided module's submodules come from.
+_TARGETS = {f"{CONTRIB}.graph_editor": "qat.graph_editor",
+            f"{CONTRIB}.slim": "tf_slim"}
+
+
+def _not_provided(name: str) -> str:
+    return (f"{name} is not available: TensorFlow 2 has no tf.contrib, and "
+            f"qat.compat provides only tensorflow.contrib.quantize, "
+            f"tensorflow.contrib.graph_editor and tensorflow.contrib.slim "
+            f"(tf_slim).")
+
+
+def legacy_keras_enabled() -> bool:
+    """Whether TensorFlow routes `tf.compat.v1.layers` to tf_keras.
+
+    True when TF_USE_LEGACY_KERAS is set now and was set when tensorflow was
+    imported (TensorFlow reads it then).
+
+    Returns:
+        Whether tf.compat.v1.layers and tf.compat.v1.keras are tf_keras's.
+    """
+    now = os.environ.get("TF_USE_LEGACY_KERAS") in _LEGACY_KERAS_VALUES
+    at_import = getattr(sys.modules.get("tensorflow"), "_tf_uses_legacy_keras", now)
+    return now and bool(at_import)
+
+
+def enable_slim() -> None:
+    """Makes tf-slim 1.1.0 (`import tf_slim`) work on TensorFlow 2.21.
+
+    Registers `tf_keras.legacy_tf_layers` and its modules as aliases of
+    `tf_keras.src.legacy_tf_layers` in sys.modules (`slim.batch_norm` loads
+    them). Idempotent.
+
+    Raises:
+        RuntimeError: TF_USE_LEGACY_KERAS=1 was not set before tensorflow was
+            imported (tf.compat.v1.layers, which TF1 scripts and slim models
+            use beside slim, would be Keras 3's and fail).
+    """
+    if not legacy_keras_enabled():
+        raise RuntimeError(
+            "qat.compat: tf-slim and tf.compat.v1.layers need tf_keras: set the "
+            "environment variable TF_USE_LEGACY_KERAS=1 before tensorflow is "
+            "imported, e.g. `TF_USE_LEGACY_KERAS=1 python train.py`, or "
+            "`import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'` as the "
+            "script's first lines (now: TF_USE_LEGACY_KERAS="
+            f"{os.environ.get('TF_USE_LEGACY_KERAS')!r}).")
+    if _LEGACY_LAYERS in sys.modules:
+        return
+    sys.modules[_LEGACY_LAYERS] = importlib.import_module(_LEGACY_LAYERS_SRC)
+    for name in _LEGACY_LAYERS_MODULES:
+        sys.modules[f"{_LEGACY_LAYERS}.{name}"] = importlib.import_module(
+            f"{_LEGACY_LAYERS_SRC}.{name}")
+    logging.vlog(1, "qat.compat: %s -> %s", _LEGACY_LAYERS, _LEGACY_LAYERS_SRC)
+
+
+class _ContribModule(types.ModuleType):
+    """`tensorflow.contrib`: quantize, graph_editor and slim; nothing else."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name == "slim":  # Loaded on first use: enable_slim may refuse.
+            return importlib.import_module(f"{CONTRIB}.slim")
+        raise AttributeError(_not_provided(f"tf.contrib.{name}"))
+
+    def __dir__(self) -> Sequence[str]:
+        return sorted(set(super().__dir__()) | set(PROVIDED))
+
+
+def _quantize_module() -> types.ModuleType:
+    module = types.ModuleType(f"{CONTRIB}.quantize", (
+        "tf.contrib.quantize, provided by qat (qat.create_training_graph, ...)."))
+    for name in _QUANTIZE_FUNCTIONS:
+        setattr(module, name, getattr(qat, name))
+    module.__all__ = list(_QUANTIZE_FUNCTIONS)
+    return module
+
+
+_MODULE_ATTRS = ("__name__", "__loader__", "__package__", "__spec__", "__path__",
+                 "__file__", "__cached__")
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Gives an existing module under a second name, leaving it unchanged."""
+
+    def __init__(self, target: str, setup=None):
+        self._target = target
+        self._setup = setup
+        self._saved = {}
+
+    def create_module(self, spec):
+        if self._setup is not None:
+            self._setup()
+        module = importlib.import_module(self._target)
+        # The import system writes the alias's spec into the module; the
+        # module keeps its own.
+        self._saved = {k: module.__dict__[k] for k in _MODULE_ATTRS
+                       if k in module.__dict__}
+        return module
+
+    def exec_module(self, module):
+        for key in _MODULE_ATTRS:
+            if key in self._saved:
+                module.__dict__[key] = self._saved[key]
+            else:
+                module.__dict__.pop(key, None)
+
+
+class _ContribFinder(importlib.abc.MetaPathFinder):
+    """Finds the submodules of the provided modules; refuses other contrib names."""
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if not fullname.startswith(CONTRIB + "."):
+            return None
+        for alias, real in _TARGETS.items():
+            if fullname == alias or fullname.startswith(alias + "."):
+                real_name = real + fullname[len(alias):]
+                setup = enable_slim if real == "tf_slim" else None
+                if setup is None and importlib.util.find_spec(real_name) is None:
+                    raise ModuleNotFoundError(
+                        f"No module named {fullname!r} ({real_name!r} does not "
+                        f"exist)", name=fullname)
+                return importlib.machinery.ModuleSpec(
+                    fullname, _AliasLoader(real_name, setup),
+                    is_package=True)
+        # ImportError, not ModuleNotFoundError, which `from tensorflow.contrib
+        # import <name>` would swallow for a vaguer message.
+        raise ImportError(_not_provided(fullname), name=fullname)
+
+
+_finder: Optional[_ContribFinder] = None
+
+
+def _tf_modules():
+    """The module objects a script may reach `contrib` through."""
+    return [tf, tf.compat.v1]
+
+
+def install() -> None:
+    """Makes `tensorflow.contrib.{quantize,graph_editor,slim}` resolve to qat.
+
+    After it, `from tensorflow.contrib import quantize`,
+    `import tensorflow.contrib.graph_editor as ge`,
+    `from tensorflow.contrib import slim` and the attributes
+    `tf.contrib.quantize` / `tf.compat.v1.contrib.quantize` work. Also calls
+    `enable_slim()` when TF_USE_LEGACY_KERAS=1 was set (otherwise slim's
+    first use raises enable_slim's error). Idempotent.
+    """
+    global _finder
+    if legacy_keras_enabled():
+        enable_slim()
+    if _finder is None:
+        _finder = _ContribFinder()
+        sys.meta_path.insert(0, _finder)
+    contrib = sys.modules.get(CONTRIB)
+    if not isinstance(contrib, _ContribModule):
+        contrib = _ContribModule(CONTRIB, "tf.contrib as provided by qat.compat: "
+                                 "quantize, graph_editor and slim.")
+        contrib.__path__ = []  # A package: its submodules go through the finder.
+        contrib.quantize = _quantize_module()
+        contrib.graph_editor = graph_editor
+        sys.modules[CONTRIB] = contrib
+        sys.modules[f"{CONTRIB}.quantize"] = contrib.quantize
+        sys.modules[f"{CONTRIB}.graph_editor"] = graph_editor
+    for module in _tf_modules():
+        setattr(module, "contrib", contrib)
+    logging.info("qat.compat: tensorflow.contrib.{quantize,graph_editor,slim} "
+                 "resolve to qat and tf_slim")
+
+
+def uninstall() -> None:
+    """Undoes `install()` (the slim aliases stay: they only add names)."""
+    global _finder
+    if _finder is not None:
+        sys.meta_path.remove(_finder)
+        _finder = None
+    for name in [n for n in sys.modules if n == CONTRIB or n.startswith(CONTRIB + ".")]:
+        del sys.modules[name]
+    for module in _tf_modules():
+        if "contrib" in vars(module) or hasattr(module, "contrib"):
+            try:
+                delattr(module, "contrib")
+            except AttributeError:
+                pass
+
+
+def installed() -> bool:
+    """Whether `install()` is in effect."""
+    return _finder is not None
