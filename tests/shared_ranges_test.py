@@ -163,6 +163,7 @@ class SharedRangesTest(parameterized.TestCase):
             for flavour in ("uint8", "int8"):
                 model = zoo_util.convert_with_tf(sess, x, y, flavour,
                                                  zoo_util.CASES[name].input_range)
+                export.check_fully_integer(model, frozen, label=f"{name} {flavour}")
                 agreement = zoo_util.layer_agreement(frozen, x, y, inputs, flavour, model)
                 rows = agreement.numerics.rows
                 # Every row but the float output of uint8 / a layer TFLite fuses.

@@ -6,11 +6,12 @@ checkpoint restores into a separately built eval graph with a plain, strict
 compute ops, through `qat.export` and through TensorFlow's converter with the
 README's flags; and the TFLite models agree with the eval graph: every layer,
 computed by the eval graph from TFLite's own values of the layers before it,
-is within one quantization step of TFLite's (so no kernel disagrees; rows next
-to a concatenation excepted, see zoo_util.layer_agreement), and the outputs, where rounding differences have added up through the whole network,
-within a looser bound. Where the case declares it (zoo_util.Case.outputs_vary),
-the eval graph and every TFLite model give different outputs for different
-examples.
+is within one quantization step of TFLite's (so no kernel disagrees;
+concatenations' inputs included, qat.quantize.shared_ranges), and the outputs,
+where rounding differences have added up through the whole network, within a
+looser bound (per case where measured apart). Where the case declares it
+(zoo_util.Case.outputs_vary), the eval graph and every TFLite model give
+different outputs for different examples.
 """
 import os
 import tempfile
@@ -37,9 +38,11 @@ tf.compat.v1.disable_eager_execution()
 _MAX_OWN_STEPS = 1.0 + 1e-3
 # Such one-step differences add up through the network, most where a layer's
 # gain is high (ResNet50V2's pre-activation batch norms amplify a one-step
-# input difference to six output steps). Worst measured end to end: 16.64
-# steps (DenseNet121 uint8; README "The zoo"). The zoo is seeded: the margin
-# (1.4x) is for other thread counts and TensorFlow versions.
+# input difference to six output steps). Worst measured end to end without a
+# concatenation: 13.00 steps (ResNet50V2; README "The zoo"). The zoo is
+# seeded: the margin (1.4x or more) is for other thread counts and TensorFlow
+# versions. Cases measured apart (zoo_util.Case.max_output_steps) have their
+# own bound.
 _MAX_DIFF_STEPS = 24.0
 # Rows TFLite keeps no tensor of (a layer's own range before a ReLU that
 # TFLite fuses into it) are not compared; the rest must be, at least half.
@@ -58,6 +61,7 @@ class ZooTest(parameterized.TestCase):
         sess, x, y = zoo_util.eval_session(name, checkpoint)  # strict restore
         inputs = zoo_util.make_inputs(name, _PARITY_EXAMPLES, seed=5)
         input_range = zoo_util.CASES[name].input_range
+        max_diff_steps = zoo_util.CASES[name].max_output_steps or _MAX_DIFF_STEPS
         with sess:
             reference = export.run_graph(sess, x.name, y.name, inputs)
             self.assertTrue(np.all(np.isfinite(reference)))
@@ -68,7 +72,7 @@ class ZooTest(parameterized.TestCase):
                 [x.name], [y.name], workdir, sess=sess,
                 flavours=("uint8", "int8"),
                 input_ranges={x.op.name: input_range},
-                parity_inputs=inputs, max_diff_steps=_MAX_DIFF_STEPS)
+                parity_inputs=inputs, max_diff_steps=max_diff_steps)
             self.assertCountEqual(models, ["uint8", "int8"])
             if outputs_vary:
                 for flavour, exported in models.items():
@@ -86,8 +90,8 @@ class ZooTest(parameterized.TestCase):
                                            label=f"{name} {flavour} (TF)")
                 parity = export.check_parity(model, frozen, x.name, y.name,
                                              inputs,
-                                             max_diff_steps=_MAX_DIFF_STEPS)
-                self.assertLessEqual(parity.max_diff_steps, _MAX_DIFF_STEPS)
+                                             max_diff_steps=max_diff_steps)
+                self.assertLessEqual(parity.max_diff_steps, max_diff_steps)
                 if model != models[flavour].model:  # Same bytes: checked above.
                     self._assert_each_layer_agrees(frozen, x, y, inputs, flavour,
                                                    model)

@@ -12,7 +12,7 @@ eval graph layer by layer. Used by tests/zoo_test.py.
 import dataclasses
 import math
 import os
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -38,6 +38,9 @@ class Case:
     # Whether the eval graph's output (and TFLite's) differs between
     # examples after the two training steps; see _NEARLY_CONSTANT.
     outputs_vary: bool = True
+    # Largest TFLite - eval graph output difference allowed, in output steps
+    # (tests/zoo_test.py; None: its default).
+    max_output_steps: Optional[float] = None
 
 
 def _app(app, **kwargs):
@@ -117,9 +120,12 @@ def _hard_swish_se(x):
 def _concat_branches(x):
     """Branches with different ranges into a concatenation (issue #21).
 
-    A small-weight ReLU branch, a large-weight signed branch, and an
+    A small-weight ReLU branch, a large-weight signed branch, an
     average-pooled, bilinearly upsampled branch (its resize output a
-    concatenation input); an average pool after the concatenation.
+    concatenation input) and a max pool -> average pool -> conv branch (the
+    average pool reads its range through the max pool, so it is not rounded:
+    rounded, the converter left the max pool's other readers in float); an
+    average pool after the concatenation.
     """
     small = keras.initializers.RandomUniform(-0.1, 0.1, seed=1)
     large = keras.initializers.RandomUniform(-1.0, 1.0, seed=2)
@@ -129,7 +135,12 @@ def _concat_branches(x):
     c = layers.AveragePooling2D(2, name="branch_c_pool")(x)
     c = layers.Conv2D(4, 1, name="branch_c")(c)
     c = layers.UpSampling2D(2, interpolation="bilinear", name="branch_c_up")(c)
-    net = layers.Concatenate(name="cat")([a, b, c])
+    d = layers.MaxPooling2D(3, strides=1, padding="same", name="branch_d_max")(x)
+    d = layers.AveragePooling2D(3, strides=1, padding="same", name="branch_d_pool")(d)
+    d = layers.Conv2D(4, 1, name="branch_d")(d)
+    e = layers.Conv2D(4, 1, name="branch_e")(
+        layers.MaxPooling2D(3, strides=1, padding="same", name="branch_e_max")(x))
+    net = layers.Concatenate(name="cat")([a, b, c, d, e])
     net = layers.AveragePooling2D(2, name="pool")(net)
     net = layers.Conv2D(8, 1, name="head")(net)
     net = layers.Flatten(name="flat")(net)
@@ -188,8 +199,13 @@ CASES: Dict[str, Case] = {
         (0.0, 255.0)),
     "resnet50": Case(_app(_APPS.ResNet50), (32, 32, 3)),
     "resnet50_v2": Case(_app(_APPS.ResNet50V2), (32, 32, 3)),
-    "inception_v3": Case(_app(_APPS.InceptionV3), (75, 75, 3)),
-    "densenet121": Case(_app(_APPS.DenseNet121), (32, 32, 3)),
+    # Measured with shared concatenation ranges (README "The zoo"): 0.72 /
+    # 1.14 output steps (uint8 / int8).
+    "inception_v3": Case(_app(_APPS.InceptionV3), (75, 75, 3), max_output_steps=4.0),
+    # 18.50 / 32.29: each dense block's concatenations share one range (the
+    # last one's, TFLite's one scale), whose steps the pre-activation batch
+    # norms after each concatenation amplify.
+    "densenet121": Case(_app(_APPS.DenseNet121), (32, 32, 3), max_output_steps=48.0),
     "efficientnet_b0": Case(_app(_APPS.EfficientNetB0), (32, 32, 3),
                             (0.0, 255.0)),
     # No global pooling and inputs in [0, 4] date from activation ranges that
@@ -200,8 +216,8 @@ CASES: Dict[str, Case] = {
     "conv_leaky_relu": Case(_leaky, (8, 8, 3)),
     "dense_tanh_sigmoid": Case(_dense_tanh_sigmoid, (8, 8, 3)),
     "hard_swish_squeeze_excite": Case(_hard_swish_se, (16, 16, 3)),
-    "concat_branches": Case(_concat_branches, (8, 8, 3)),
-    "dense_chain": Case(_dense_chain, (16, 16, 3)),
+    "concat_branches": Case(_concat_branches, (8, 8, 3), max_output_steps=16.0),  # 4 / 10
+    "dense_chain": Case(_dense_chain, (16, 16, 3), max_output_steps=8.0),  # 3 / 5
 }
 
 

@@ -80,9 +80,13 @@ def plan_rounding(planner, op: tf.Operation) -> None:
     """A FakeQuant on `op`'s output reading its input's range."""
     if not planner.is_data(op.inputs[0]) or not plan_graph.is_float(op.outputs[0]):
         return
-    source = planner.plans.get(planner._source(op.inputs[0]))  # pylint: disable=protected-access
+    source = planner.plans.get(op.inputs[0])
     if source is None or source.is_weight:
-        return  # A range planned by no one here (an earlier call's): as before.
+        # A range planned by no one here (an earlier call's), or one that
+        # reaches the pool through same-scale ops: there the converter leaves
+        # the other readers of the pool's input in float (a max pool read by
+        # InceptionV3's branches), so the pool stays unrounded, as before.
+        return
     out = op.outputs[0]
     if planner._plan(out, plan_graph.own_context(op), _ROUNDING_NAMES[op.type],  # pylint: disable=protected-access
                      source.init_min, planner.consumers(out), allow_unused=True):
