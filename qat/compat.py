@@ -17,6 +17,10 @@ After one opt-in call, `qat.compat.install()`, these resolve to qat
 `tensorflow.python.layers.normalization` (which `slim.batch_norm` uses) loads
 `tf_keras.legacy_tf_layers`, which tf_keras 2.21 keeps at
 `tf_keras.src.legacy_tf_layers`; the old names are registered as aliases.
+tf-slim also reads names TensorFlow has since moved out of the internal
+modules it imports (`ops.Tensor`, `control_flow_ops.cond`, ...): each missing
+one is added back, pointing at its current home (nothing TensorFlow has is
+replaced).
 """
 import importlib
 import importlib.abc
@@ -76,7 +80,9 @@ def enable_slim() -> None:
 
     Registers `tf_keras.legacy_tf_layers` and its modules as aliases of
     `tf_keras.src.legacy_tf_layers` in sys.modules (`slim.batch_norm` loads
-    them). Idempotent.
+    them), and adds back the names tf_slim reads from TensorFlow's internal
+    modules where TensorFlow has moved them (`ops.Tensor`, ...; existing
+    names are never replaced). Idempotent.
 
     Raises:
         RuntimeError: TF_USE_LEGACY_KERAS=1 was not set before tensorflow was
@@ -91,6 +97,7 @@ def enable_slim() -> None:
             "`import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'` as the "
             "script's first lines (now: TF_USE_LEGACY_KERAS="
             f"{os.environ.get('TF_USE_LEGACY_KERAS')!r}).")
+    _restore_moved_names()
     if _LEGACY_LAYERS in sys.modules:
         return
     sys.modules[_LEGACY_LAYERS] = importlib.import_module(_LEGACY_LAYERS_SRC)
@@ -98,6 +105,41 @@ def enable_slim() -> None:
         sys.modules[f"{_LEGACY_LAYERS}.{name}"] = importlib.import_module(
             f"{_LEGACY_LAYERS_SRC}.{name}")
     logging.vlog(1, "qat.compat: %s -> %s", _LEGACY_LAYERS, _LEGACY_LAYERS_SRC)
+
+
+# (module, name, where TensorFlow 2.21 keeps it): names tf_slim 1.1.0 reads
+# from TensorFlow's internal modules that TensorFlow has since moved.
+_MOVED_NAMES = (
+    ("tensorflow.python.framework.ops", "Tensor",
+     "tensorflow.python.framework.tensor"),
+    ("tensorflow.python.framework.ops", "IndexedSlices",
+     "tensorflow.python.framework.indexed_slices"),
+    ("tensorflow.python.ops.array_ops", "stack",
+     "tensorflow.python.ops.array_ops_stack"),
+    ("tensorflow.python.ops.array_ops", "unstack",
+     "tensorflow.python.ops.array_ops_stack"),
+    ("tensorflow.python.ops.control_flow_ops", "Assert",
+     "tensorflow.python.ops.control_flow_assert"),
+    ("tensorflow.python.ops.control_flow_ops", "case",
+     "tensorflow.python.ops.control_flow_case"),
+    ("tensorflow.python.ops.control_flow_ops", "cond",
+     "tensorflow.python.ops.cond"),
+    ("tensorflow.python.ops.control_flow_ops", "while_loop",
+     "tensorflow.python.ops.while_loop"),
+    ("tensorflow.python.ops.variable_scope", "variable",
+     "tensorflow.python.ops.variable_v1:VariableV1"),
+)
+
+
+def _restore_moved_names() -> None:
+    """Adds back each of _MOVED_NAMES that its old module lacks."""
+    for module_name, name, new_home in _MOVED_NAMES:
+        module = importlib.import_module(module_name)
+        if hasattr(module, name):
+            continue
+        home, _, new_name = new_home.partition(":")
+        setattr(module, name, getattr(importlib.import_module(home), new_name or name))
+        logging.vlog(1, "qat.compat: %s.%s -> %s", module_name, name, new_home)
 
 
 class _ContribModule(types.ModuleType):

@@ -4,7 +4,7 @@
   separately built eval graph (same variable names, no hidden EMA variables).
 * A float checkpoint saved before the rewrite restores into the rewritten
   training graph: the new quantization variables are initialised, not looked
-  up in the checkpoint. The pattern (README): make the Saver over the float
+  up in the checkpoint. The pattern (docs/checkpoints.md): make the Saver over the float
   variables before calling `create_training_graph`, or filter the variables by
   the checkpoint's contents.
 """

@@ -3,7 +3,7 @@
 Covers the defects the engine fixes (names colliding with the user's ops and
 variables, mixed dtypes half-rewriting a graph, eager calls doing nothing),
 a fault-injection run that makes each stage of each pass fail and checks the
-graph is unchanged, and every refusal the README lists.
+graph is unchanged, and every refusal docs/getting_started.md lists.
 """
 import gc
 import os
@@ -289,7 +289,7 @@ class FaultInjectionTest(parameterized.TestCase):
 
 
 class RefusalTest(parameterized.TestCase):
-    """Every refusal the README lists leaves the graph unchanged."""
+    """Every refusal docs/getting_started.md lists leaves the graph unchanged."""
 
     def _refused(self, graph, call, error, pattern=""):
         before = _snapshot(graph)

@@ -2,7 +2,7 @@
 
 TensorFlow bug (not qat's): with oneDNN on, the Conv2D + BiasAdd + Add +
 LeakyRelu fusion drops alpha, so such graphs compute wrong float results, with
-or without qat (README "Known limits"). An eval fold produces exactly that
+or without qat (docs/known_limits.md). An eval fold produces exactly that
 pattern from conv -> batch norm -> residual add -> LeakyRelu. With
 TF_ENABLE_ONEDNN_OPTS=0, set here before TensorFlow is imported, the float
 graph matches a NumPy reference, the folded graph matches the unfolded one,

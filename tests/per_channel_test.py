@@ -8,7 +8,7 @@ asymmetric per-tensor activations. Checked: the range variables (contrib's
 names, vectors of the output channels), the refusals (bad flag, a second
 rewrite with other settings, a per-tensor eval graph restoring a per-channel
 checkpoint, uint8 export), and the int8 TFLite models, through `qat.export`
-and through TF's converter with the README's flags: per-channel int8 kernels
+and through TF's converter with the flags of docs/int8_export.md: per-channel int8 kernels
 in the flatbuffer, no float compute op, TFLite agreeing with the eval graph;
 then a short fine-tune on the digits, int8 within 1 point of float.
 """
@@ -256,7 +256,7 @@ class Int8ExportTest(parameterized.TestCase):
                 model = export.export_tflite(
                     ["x"], ["output"], os.path.join(self._dir, "qat_export"), sess=sess,
                     flavours=("int8",), default_input_range=(0.0, 1.0))["int8"].model
-            else:  # The README's flags, on the live eval session.
+            else:  # The flags of docs/int8_export.md, on the live eval session.
                 converter = tf1.lite.TFLiteConverter.from_session(
                     sess, [sess.graph.get_tensor_by_name("x:0")],
                     [sess.graph.get_tensor_by_name("output:0")])

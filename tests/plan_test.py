@@ -35,7 +35,7 @@ class PlanTest(absltest.TestCase):
             tf.identity(tf.concat([a, b], 3, name="cat/concat"), name="out")
             qat.insert_quant_ops(g, is_training=True)
         fqs = _fake_quants(g)
-        self.assertEqual(set(fqs), {"x/input_quant", "c/weights_quant",
+        self.assertEqual(set(fqs), {"c/input_quant", "c/weights_quant",
                                     "c/act_quant", "a/act_quant",
                                     "b/act_quant", "cat/concat_quant"})
         quantized = fqs["c/act_quant"].outputs[0]
@@ -53,7 +53,7 @@ class PlanTest(absltest.TestCase):
             qat.insert_quant_ops(g, is_training=True)
         fqs = _fake_quants(g)
         self.assertEqual(set(fqs), {
-            "x/input_quant", "c/weights_quant", "c/act_quant",
+            "c/input_quant", "c/weights_quant", "c/act_quant",
             "hswish/act_quant", "next/weights_quant", "next/act_quant"})
         self.assertIs(fqs["hswish/act_quant"].inputs[0], h)
 
@@ -84,9 +84,9 @@ class PlanTest(absltest.TestCase):
         self.assertIn("odd/Exp", dict(planner.left_float))
         self.assertIn("no integer TFLite kernel",
                       dict(planner.left_float)["odd/Exp"])
-        # The tensor the next layer reads still gets its range.
+        # The tensor the next layer reads still gets its range, named after it.
         prefixes = {p.prefix for p in plans}
-        self.assertIn("odd/output_quant", prefixes)
+        self.assertIn("next/input_quant", prefixes)
 
 
 if __name__ == "__main__":

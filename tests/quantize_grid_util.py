@@ -16,6 +16,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat.matching import layer_patterns  # pylint: disable=g-import-not-at-top
 from qat.quantize import insert_quant_ops as quantize  # pylint: disable=g-import-not-at-top
+from qat.quantize import plan_graph  # pylint: disable=g-import-not-at-top
 
 ACTIVATIONS = ("Relu6", "Relu", "Identity", "LeakyRelu")
 RESIDUALS = ("none", "pre", "post")
@@ -145,7 +146,9 @@ class GridChecks(object):
         fq_ops = {op.name[:-len("/FakeQuantWithMinMaxVars")]: op
                   for op in g.get_operations()
                   if op.type == "FakeQuantWithMinMaxVars"}
-        expected = {ctx + "/weights_quant", "input/input_quant"}
+        # The input's range is named after the model op that reads it.
+        input_prefix = plan_graph.own_context(first_op) + "/input_quant"
+        expected = {ctx + "/weights_quant", input_prefix}
         act, add, consumer = t["act"], t.get("add"), t["consumer"]
         # TFLite fuses Relu / Relu6 into the op before them: one range after
         # the activation. LeakyRelu is an op of its own (a range before and
@@ -238,7 +241,7 @@ class GridChecks(object):
             self.assertIn(float_weights, list(w_fq.inputs[0].op.inputs))
             self.assertIs(layer_patterns.weight_input(layer_op), _output(w_fq))
         input_consumers = [first_op] + ([add] if residual != "none" else [])
-        check("input/input_quant", x, input_consumers)
+        check(input_prefix, x, input_consumers)
         if training and batch_norm != "none":
             # The fold's training tail without a freeze delay ends in the
             # original batch norm.

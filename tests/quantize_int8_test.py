@@ -219,7 +219,7 @@ class IdentityOutputTest(absltest.TestCase):
         self.assertEqual(fq.inputs[0].op.name, "logits/BiasAdd")
         self.assertIs(out.op.inputs[0], fq.outputs[0])
         self.assertEqual(set(_fake_quants(g)),
-                         {"x/input_quant", "conv1/weights_quant",
+                         {"conv1/input_quant", "conv1/weights_quant",
                           "conv1/act_quant", "logits/weights_quant",
                           "logits/act_quant"})
 
@@ -374,7 +374,7 @@ class StandaloneBatchNormTest(parameterized.TestCase):
                 if "quant" in v.op.name and v.op.name != "fake_quantization_step"}
         self.assertEqual(names["train"], names["eval"])
         self.assertIn("in_bn/bn_quant/min", names["eval"])
-        self.assertIn("x/input_quant/min", names["eval"])
+        self.assertIn("in_bn/input_quant/min", names["eval"])
 
     def test_depthwise_form_equals_the_batch_norm(self):
         g = tf.Graph()

@@ -86,7 +86,7 @@ class InsertQuantOpsTest(absltest.TestCase):
             "a/weights_quant", "b/weights_quant", "fc/weights_quant",
             "a/act_quant", "b/act_quant", "b/leaky_relu_quant",
             "cat/concat_quant", "pool/mean_quant", "fc/act_quant",
-            "x/input_quant"})
+            "a/input_quant"})
         # TFLite does not fuse LEAKY_RELU into the conv: both get a range.
         self.assertEqual(fqs["b/act_quant"].inputs[0].op.type, "BiasAdd")
         self.assertEqual(fqs["b/leaky_relu_quant"].inputs[0].op.type,
@@ -114,10 +114,10 @@ class InsertQuantOpsTest(absltest.TestCase):
         self.assertEqual(set(fqs), {"up/weights_quant", "up/act_quant",
                                     "up/leaky_relu_quant",
                                     "next/weights_quant", "next/act_quant",
-                                    "x/input_quant"})
+                                    "up/input_quant"})
         transposed = g.get_operation_by_name("up/conv2d_transpose")
         self.assertIs(transposed.inputs[1], fqs["up/weights_quant"].outputs[0])
-        self.assertIs(transposed.inputs[2], fqs["x/input_quant"].outputs[0])
+        self.assertIs(transposed.inputs[2], fqs["up/input_quant"].outputs[0])
         self.assertEqual(fqs["up/leaky_relu_quant"].inputs[0].op.type,
                          "LeakyRelu")
 
@@ -138,12 +138,12 @@ class InsertQuantOpsTest(absltest.TestCase):
         self.assertEqual(set(fqs), {"block/conv/weights_quant",
                                     "block/conv/act_quant",
                                     "block/conv/mul_quant", "block/act_quant",
-                                    "x/input_quant"})
+                                    "block/conv/input_quant"})
         self.assertIs(scaled.op.inputs[0], fqs["block/conv/act_quant"].outputs[0])
         self.assertIs(fqs["block/conv/mul_quant"].inputs[0], scaled)
         add = g.get_operation_by_name("block/add")
         self.assertIs(add.inputs[1], fqs["block/conv/mul_quant"].outputs[0])
-        self.assertIs(add.inputs[0], fqs["x/input_quant"].outputs[0])
+        self.assertIs(add.inputs[0], fqs["block/conv/input_quant"].outputs[0])
 
     def test_unconsumed_model_output_gets_a_range(self):
         g = tf.Graph()
@@ -173,7 +173,7 @@ class InsertQuantOpsTest(absltest.TestCase):
             qat.insert_quant_ops(g, is_training=True)
         fqs = _fake_quants(g)
         self.assertEqual(set(fqs), {"c/weights_quant", "c/act_quant",
-                                    "x/input_quant"})
+                                    "c/input_quant"})
         self.assertIs(fqs["c/act_quant"].inputs[0], out)
 
     def test_loss_arithmetic_not_quantized(self):
@@ -191,7 +191,7 @@ class InsertQuantOpsTest(absltest.TestCase):
             qat.insert_quant_ops(g, is_training=True)
         self.assertEqual(set(_fake_quants(g)), {
             "c/weights_quant", "c/act_quant", "pool/mean_quant",
-            "fc/weights_quant", "fc/act_quant", "x/input_quant"})
+            "fc/weights_quant", "fc/act_quant", "c/input_quant"})
         self.assertEqual(loss.op.inputs[0].op.type, "Mean")
 
     def test_gradient_ops_never_quantized(self):
@@ -211,7 +211,7 @@ class InsertQuantOpsTest(absltest.TestCase):
         fqs = _fake_quants(g)
         self.assertEqual(set(fqs), {"fc1/weights_quant", "fc2/weights_quant",
                                     "fc1/act_quant", "fc2/act_quant",
-                                    "x/input_quant"})
+                                    "fc1/input_quant"})
         for op, inputs in grad_inputs.items():  # Gradients still read float.
             self.assertEqual(list(op.inputs), inputs, op.name)
         for fq in fqs.values():
@@ -227,9 +227,9 @@ class InsertQuantOpsTest(absltest.TestCase):
             qat.insert_quant_ops(g, is_training=True, scope="inside")
         fqs = _fake_quants(g)
         self.assertEqual(set(fqs), {"inside/weights_quant", "inside/act_quant",
-                                    "outside/output_quant"})
+                                    "inside/input_quant"})
         # The input of the scoped layer still gets its range.
-        self.assertEqual(fqs["outside/output_quant"].inputs[0].op.type, "Relu")
+        self.assertEqual(fqs["inside/input_quant"].inputs[0].op.type, "Relu")
 
     def test_per_channel(self):
         g = tf.Graph()

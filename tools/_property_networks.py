@@ -1,4 +1,4 @@
-"""Random small networks for the property-based checks (qat-independent).
+"""Random small networks for the property-based checks.
 
 A `Network` is a plain description (input rank, variable kind, 1 to 6
 `Block`s, a classifier head); `networks()` is the hypothesis strategy that
@@ -133,8 +133,10 @@ def networks(draw, max_depth: int = 6) -> Network:
             channels += in_channels
         elif blocks[-1].concat == "net_input":
             channels += INPUT_CHANNELS if input_rank == 4 else INPUT_FEATURES
-    return Network(input_rank, resource, tuple(blocks),
-                   head=draw(st.sampled_from(HEADS)),
+    head = draw(st.sampled_from(HEADS))
+    if head == "none":
+        return Network(input_rank, resource, tuple(blocks))
+    return Network(input_rank, resource, tuple(blocks), head=head,
                    head_in_scope=draw(st.booleans()),
                    head_dropout=draw(st.sampled_from(DROPOUTS)))
 
@@ -293,9 +295,8 @@ def _dropout(x: tf.Tensor, kind: str, training: bool) -> tf.Tensor:
 
 
 def _slim():
-    import sys  # pylint: disable=g-import-not-at-top
-    from tf_keras.src import legacy_tf_layers  # pylint: disable=g-import-not-at-top
-    sys.modules.setdefault("tf_keras.legacy_tf_layers", legacy_tf_layers)
+    from qat import compat  # pylint: disable=g-import-not-at-top
+    compat.enable_slim()
     import tf_slim  # pylint: disable=g-import-not-at-top
     return tf_slim
 

@@ -20,7 +20,7 @@ import time
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # oneDNN's Conv2D+BiasAdd+Add+LeakyRelu fusion drops alpha (a TensorFlow bug,
-# README "Known limits"): the exactness invariant needs it off.
+# docs/known_limits.md): the exactness invariant needs it off.
 os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
 
 from absl import app, flags, logging  # pylint: disable=g-import-not-at-top

@@ -32,7 +32,7 @@ Training structure (is_training=True, batch norm using batch statistics).
 DESIGN DECISION: the convolution is computed ONCE (PyTorch ConvBn style), not
 twice like contrib (a float layer for the batch statistics plus the folded
 one): a second convolution per layer would cost about as much as the whole
-quantization overhead of a training step (the README quotes the figures). The 1/s that takes the layer back to the unfolded one is
+quantization overhead of a training step (docs/performance.md quotes the figures). The 1/s that takes the layer back to the unfolded one is
 applied to the WEIGHTS (weight-sized), not to the layer output
 (activation-sized): per output channel, layer(x, fq(w*s) / s) =
 layer(x, fq(w*s)) / s, so the layer output feeds the ORIGINAL batch norm
@@ -395,9 +395,9 @@ def fold_batch_norms(graph: Optional[tf.Graph] = None,
       use_cond: training structure with a freeze delay only: choose between
         the batch-norm and the folded output with a functional `tf.cond` (an
         If op whose true branch holds BiasAdd_Fold) instead of a Select, so
-        only one branch runs (faster steps before the freeze; the README
-        quotes the figures). Without a delay there is nothing to choose and
-        it changes nothing.
+        only one branch runs (faster steps before the freeze;
+        `tools/bench_fold.py --step_time_steps=N` measures both tails).
+        Without a delay there is nothing to choose and it changes nothing.
 
     Returns:
       A `FoldResult`: `folded` lists a `FoldedLayer` per folded batch norm,

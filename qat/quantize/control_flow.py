@@ -11,7 +11,7 @@ Conv2D inside a `tf.cond` branch would silently stay float.
 `find_function_layers(graph)` lists every such layer (following nested calls:
 a function whose body calls another function, a `While` inside an `If`
 branch) so the caller can warn about each one by name. The workaround, given
-in `FunctionLayer.describe()` and the README's known limits: build the model
+in `FunctionLayer.describe()` and docs/known_limits.md: build the model
 with a fixed learning phase (`training=True/False` as a Python bool,
 `tf_keras.backend.set_learning_phase`), or call
 `tf.compat.v1.disable_control_flow_v2()` before building the model so that

@@ -8,8 +8,7 @@ input leaves the graph untouched.
 
 What gets a range, and under which name, is the planner's business: see
 `qat.quantize.plan` (tensor-centric rules from TFLite's integer op
-requirements, `qat.quantize.op_table`) and the README section "What gets a
-FakeQuant". This module turns each `Plan` into a `QuantizerSpec` (bit width,
+requirements, `qat.quantize.op_table`) and docs/what_gets_a_range.md. This module turns each `Plan` into a `QuantizerSpec` (bit width,
 symmetry, per-channel, devices), builds them, and reports the result.
 
 A tensor nothing consumes yet (a fetched final layer) still gets its

@@ -3,7 +3,7 @@
 The planner (`qat.quantize.plan`) decides, for every float tensor on the data
 path, whether it needs a range from the kind of the op that produces it and
 of the ops that read it. The kinds follow TFLite's 8-bit quantization spec
-(see README, "What gets a range and why"):
+(see docs/what_gets_a_range.md, whose op table lists these sets):
 
 * OWN_RANGE: integer kernels whose output has its own scale (ADD, SUB, MUL,
   MEAN, SUM, CONCATENATION, LEAKY_RELU, SQUARED_DIFFERENCE, ...): the output

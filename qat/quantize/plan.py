@@ -22,8 +22,10 @@ beside a quantized one.
 * Same-scale ops (pools, reshapes, pads, ...), fixed-range ops (LOGISTIC,
   TANH, SOFTMAX) and training-only dropout get no range of their own.
 * A tensor an integer op reads that has no range yet (a graph input, a
-  tensor from outside `scope`): `<producer scope>/input_quant` for graph
-  inputs, `<producer scope>/output_quant` otherwise.
+  tensor from outside `scope`): `<scope of its first model reader>/input_quant`
+  (what feeds the model differs between its training and export graphs).
+* Loss arithmetic (`GraphView.loss_ops`, walked back from the scalars it
+  reduces to): no range, no warning.
 * Batch norms after no layer: `qat.quantize.standalone_batch_norm`.
 * A concatenation and its inputs share one range; average pools and
   bilinear resizes round to their input's range:
@@ -183,9 +185,21 @@ class Planner(plan_graph.GraphView):
             self._leave(s.name, "dtype %s: FakeQuant takes float32, float16 or bfloat16 only"
                         % s.dtype.name)
             return
-        kind = "input_quant" if s.op.type in qp.INPUT_TYPES else "output_quant"
-        self._plan(s, plan_graph.own_context(s.op), kind, -6.0,
+        self._plan(s, self._entry_context(s), "input_quant", -6.0,
                    self.consumers(s))
+
+    def _entry_context(self, s: tf.Tensor) -> str:
+        """Where the range of a tensor entering the model is named.
+
+        What feeds a model differs between the graphs of one model (a tf.data
+        iterator while training, a placeholder in the export graph, other
+        preprocessing), so the range is named after the model op that reads
+        it first, which both graphs share: `<reader scope>/input_quant`.
+        """
+        readers = [r for r in self._final_readers(s) if r in self.inference_ops]
+        if not readers:
+            return plan_graph.own_context(s.op)
+        return plan_graph.own_context(min(readers, key=lambda o: o._id))  # pylint: disable=protected-access
 
     def _final_readers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
         """Readers of `t`, through ops TFLite drops (Identity, dropout)."""

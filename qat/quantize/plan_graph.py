@@ -93,6 +93,13 @@ def _scales_by_scalar(op: tf.Operation, is_data) -> bool:
     return any(not is_data(i) and i.shape.rank == 0 for i in op.inputs)
 
 
+def _restores_rank(op: tf.Operation, rank: Optional[int]) -> bool:
+    """A reshape from another rank back to the layer's `rank`."""
+    return (op.type in ("Reshape", "Squeeze") and rank is not None
+            and op.outputs[0].shape.rank == rank
+            and op.inputs[0].shape.rank not in (None, rank))
+
+
 class GraphView(object):
     """Layers, gradient ops, data path and consumers of one graph."""
 
@@ -270,13 +277,16 @@ class GraphView(object):
         `conv -> Mean` (global pooling), `conv -> BiasAdd -> Squeeze ->
         Identity` (a logits head) or `dense -> Reshape` leave the layer at
         the last bias add or batch norm, not at the pooled, squeezed or
-        renamed tensor.
+        renamed tensor. A reshape back to the layer's rank stays: TF-Slim
+        normalises a dense layer as `Reshape(4-D) -> FusedBatchNorm ->
+        Reshape(2-D)`, and the 2-D tensor is the layer output.
         """
+        rank = layer.outputs[0].shape.rank
         changed = True
         while changed:
             changed = False
             for op in list(tail):
-                if op is layer or qp.is_tail_end(op):
+                if op is layer or qp.is_tail_end(op) or _restores_rank(op, rank):
                     continue
                 if not any(c in tail for out in op.outputs for c in out.consumers()):
                     tail.discard(op)

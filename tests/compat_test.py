@@ -1,0 +1,227 @@
+"""Tests of qat.compat: tensorflow.contrib imports and tf-slim on TF 2.21.
+
+The scripts under tests/compat_scripts/ are written the way TF 1.x examples
+were (openai/gradient-checkpointing, TF-slim's train_image_classifier.py and
+export, speech_commands' conv model) and run as subprocesses, unchanged but
+for the one line `import qat.compat; qat.compat.install()`.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+from unittest import mock
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+from absl.testing import absltest  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+import qat  # pylint: disable=g-import-not-at-top
+from qat import compat  # pylint: disable=g-import-not-at-top
+from qat import export  # pylint: disable=g-import-not-at-top
+
+tf1 = tf.compat.v1
+
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+_SCRIPTS = os.path.join(_TESTS_DIR, "compat_scripts")
+_REPO_ROOT = os.path.dirname(_TESTS_DIR)
+_INSTALL_LINE = "import qat.compat; qat.compat.install()\n"
+
+
+def _run_script(name: str, *args: str, source: str = None) -> subprocess.CompletedProcess:
+    """Runs a compat script (or `source` in its place) with this Python."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [_REPO_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["TF_USE_LEGACY_KERAS"] = "1"
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    path = os.path.join(_SCRIPTS, name)
+    if source is not None:
+        path = os.path.join(tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir()), name)
+        with open(path, "w") as f:
+            f.write(source)
+    return subprocess.run([sys.executable, path, *args], cwd=_SCRIPTS, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+class InstallTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        compat.install()
+        self.addCleanup(compat.uninstall)
+
+    def test_contrib_quantize_is_qat(self):
+        from tensorflow.contrib import quantize as contrib_quantize  # pylint: disable=g-import-not-at-top
+        for name in ("create_training_graph", "create_eval_graph",
+                     "experimental_create_training_graph", "experimental_create_eval_graph"):
+            self.assertIs(getattr(contrib_quantize, name), getattr(qat, name))
+            self.assertIs(getattr(tf.contrib.quantize, name), getattr(qat, name))
+            self.assertIs(getattr(tf1.contrib.quantize, name), getattr(qat, name))
+
+    def test_graph_editor_and_slim_are_the_real_modules(self):
+        import tensorflow.contrib.graph_editor as ge  # pylint: disable=g-import-not-at-top
+        import tensorflow.contrib.graph_editor.transform as ge_transform  # pylint: disable=g-import-not-at-top
+        from tensorflow.contrib import slim  # pylint: disable=g-import-not-at-top
+        from tensorflow.contrib.slim.nets import resnet_v1  # pylint: disable=g-import-not-at-top
+        import tf_slim  # pylint: disable=g-import-not-at-top
+        import tf_slim.nets.resnet_v1  # pylint: disable=g-import-not-at-top
+        self.assertIs(ge, qat.graph_editor)
+        self.assertIs(tf.contrib.graph_editor, qat.graph_editor)
+        self.assertIs(ge_transform, qat.graph_editor.transform)
+        self.assertIs(slim, tf_slim)
+        self.assertIs(tf.contrib.slim, tf_slim)
+        self.assertIs(resnet_v1, tf_slim.nets.resnet_v1)
+        # The aliased modules keep their own identity.
+        self.assertEqual(tf_slim.__name__, "tf_slim")
+        self.assertEqual(tf_slim.__spec__.name, "tf_slim")
+        self.assertEqual(qat.graph_editor.transform.__spec__.name, "qat.graph_editor.transform")
+        self.assertFalse(hasattr(tf_slim.nets.resnet_v1, "__path__"))
+
+    def test_idempotent(self):
+        contrib = tf.contrib
+        meta_path = list(sys.meta_path)
+        compat.install()
+        self.assertIs(tf.contrib, contrib)
+        self.assertEqual(sys.meta_path, meta_path)
+        self.assertTrue(compat.installed())
+
+    def test_other_contrib_modules_are_refused(self):
+        expected = "qat.compat provides only tensorflow.contrib.quantize"
+        with self.assertRaisesRegex(ImportError, expected):
+            from tensorflow.contrib import layers  # pylint: disable=g-import-not-at-top,unused-import
+        with self.assertRaisesRegex(ImportError, expected):
+            import tensorflow.contrib.learn  # pylint: disable=g-import-not-at-top,unused-import
+        with self.assertRaisesRegex(AttributeError, expected):
+            _ = tf.contrib.layers
+        with self.assertRaisesRegex(AttributeError, expected):
+            _ = tf1.contrib.framework
+        with self.assertRaisesRegex(ModuleNotFoundError, "qat.graph_editor.nothing"):
+            import tensorflow.contrib.graph_editor.nothing  # pylint: disable=g-import-not-at-top,unused-import
+
+    def test_uninstall(self):
+        compat.uninstall()
+        self.assertFalse(hasattr(tf, "contrib"))
+        self.assertFalse(hasattr(tf1, "contrib"))
+        self.assertFalse(compat.installed())
+        with self.assertRaises(ImportError):
+            import tensorflow.contrib.quantize  # pylint: disable=g-import-not-at-top,unused-import
+        compat.install()  # An install after an uninstall works again.
+        self.assertIs(tf.contrib.quantize.create_eval_graph, qat.create_eval_graph)
+
+
+class EnableSlimTest(absltest.TestCase):
+
+    def test_slim_batch_norm_builds(self):
+        compat.enable_slim()
+        compat.enable_slim()  # Idempotent.
+        import tf_slim as slim  # pylint: disable=g-import-not-at-top
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [None, 8, 8, 3])
+            net = slim.conv2d(x, 4, 3, normalizer_fn=slim.batch_norm,
+                              normalizer_params={"is_training": True})
+            net = slim.fully_connected(slim.flatten(net), 4, normalizer_fn=slim.batch_norm)
+        self.assertIn("FusedBatchNormV3", {op.type for op in g.get_operations()})
+        self.assertLen(g.get_collection(tf1.GraphKeys.UPDATE_OPS), 4)
+        self.assertIn("tf_keras.legacy_tf_layers.normalization", sys.modules)
+
+    def test_refused_without_legacy_keras(self):
+        with mock.patch.dict(os.environ, {"TF_USE_LEGACY_KERAS": "0"}):
+            self.assertFalse(compat.legacy_keras_enabled())
+            with self.assertRaisesRegex(RuntimeError, "TF_USE_LEGACY_KERAS=1 before"):
+                compat.enable_slim()
+
+    def test_slim_import_refused_without_legacy_keras(self):
+        compat.install()
+        self.addCleanup(compat.uninstall)
+        sys.modules.pop("tensorflow.contrib.slim", None)
+        with mock.patch.dict(os.environ, {"TF_USE_LEGACY_KERAS": "0"}):
+            with self.assertRaisesRegex(RuntimeError, "TF_USE_LEGACY_KERAS=1"):
+                from tensorflow.contrib import slim  # pylint: disable=g-import-not-at-top,unused-import
+
+
+class ScriptsTest(absltest.TestCase):
+    """The TF1 scripts, run unchanged but for the install line."""
+
+    def setUp(self):
+        super().setUp()
+        self.workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+
+    def _check(self, result: subprocess.CompletedProcess) -> str:
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-6000:])
+        return result.stdout + result.stderr
+
+    def test_scripts_have_only_the_install_line_added(self):
+        for name in ("memory_saving_gradients.py", "train_image_classifier.py",
+                     "export_quantized_tflite.py", "speech_conv.py"):
+            with open(os.path.join(_SCRIPTS, name)) as f:
+                self.assertEqual(f.read().count(_INSTALL_LINE), 1, name)
+
+    def test_gradient_checkpointing_client(self):
+        output = self._check(_run_script("memory_saving_gradients.py"))
+        self.assertRegex(output, r"max \|checkpointed - tf.gradients\| = ")
+
+    def test_without_the_line_contrib_is_missing(self):
+        with open(os.path.join(_SCRIPTS, "memory_saving_gradients.py")) as f:
+            source = f.read().replace(_INSTALL_LINE, "")
+        result = _run_script("memory_saving_gradients.py", source=source)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("No module named 'tensorflow.contrib'", result.stderr)
+
+    def test_slim_train_then_export(self):
+        train_dir = os.path.join(self.workdir, "train")
+        export_dir = os.path.join(self.workdir, "export")
+        os.makedirs(export_dir)
+        output = self._check(_run_script(
+            "train_image_classifier.py", f"--train_dir={train_dir}",
+            "--quantize_delay=0", "--max_number_of_steps=20"))
+        self.assertIn("global step 20", output)
+        # Restores the training checkpoint with a plain, strict Saver.
+        output = self._check(_run_script(
+            "export_quantized_tflite.py", f"--checkpoint_dir={train_dir}",
+            f"--output_dir={export_dir}"))
+        eval_accuracy = float(output.split("eval graph accuracy: ")[1].split()[0])
+        tflite_accuracy = float(output.split("tflite accuracy: ")[1].split()[0])
+        self.assertGreater(eval_accuracy, 0.3)  # 20 steps; chance is 0.1.
+        self.assertAlmostEqual(tflite_accuracy, eval_accuracy, delta=0.05)
+        frozen = tf1.GraphDef()
+        with open(os.path.join(export_dir, "frozen.pb"), "rb") as f:
+            frozen.ParseFromString(f.read())
+        with open(os.path.join(export_dir, "model.tflite"), "rb") as f:
+            export.check_fully_integer(f.read(), frozen, label="slim uint8")
+
+    def test_speech_commands_conv(self):
+        train_dir = os.path.join(self.workdir, "train")
+        frozen_path = os.path.join(self.workdir, "conv_frozen.pb")
+        output = self._check(_run_script(
+            "speech_conv.py", f"--train_dir={train_dir}", "--quantize=True",
+            "--how_many_training_steps=3", "--quant_delay=1"))
+        self.assertIn("Step #2: cross entropy", output)
+        self._check(_run_script(
+            "speech_conv.py", "--mode=freeze", f"--train_dir={train_dir}",
+            "--quantize=True", f"--output_file={frozen_path}"))
+        frozen = tf1.GraphDef()
+        with open(frozen_path, "rb") as f:
+            frozen.ParseFromString(f.read())
+        quantizers = {n.name for n in frozen.node if n.op.startswith("FakeQuant")}
+        # No name scopes in the model: contrib's names, numbered.
+        self.assertContainsSubset(
+            {f"weights_quant{suffix}/FakeQuantWithMinMaxVars" for suffix in ("", "_1", "_2")},
+            quantizers)
+        # As speech_commands' README did with toco: uint8 from the frozen graph.
+        converter = tf1.lite.TFLiteConverter.from_frozen_graph(
+            frozen_path, ["fingerprint_input"], ["labels_softmax"])
+        converter.inference_type = tf.uint8
+        converter.quantized_input_stats = {"fingerprint_input": (0.0, 255.0)}
+        model = converter.convert()
+        export.check_fully_integer(model, frozen, label="speech conv uint8")
+        inputs = np.random.RandomState(0).uniform(0, 1, (4, 160)).astype(np.float32)
+        parity = export.check_parity(model, frozen, "fingerprint_input:0",
+                                     "labels_softmax:0", inputs, max_diff_steps=4.0)
+        self.assertLessEqual(parity.max_diff_steps, 4.0)
+
+
+if __name__ == "__main__":
+    absltest.main()
