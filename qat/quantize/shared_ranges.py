@@ -2,8 +2,8 @@
 
 Why this module exists: the eval graph must round where TFLite rounds, with
 the scale TFLite uses, or TFLite and the eval graph disagree by more than a
-step (issue #21; DenseNet121 int8 differed by up to 44 steps at a single
-layer). Two places where TFLite decides the scale:
+step (issue #21: InceptionV3 and DenseNet121 differed by tens of steps at
+single layers next to a concatenation). Two places where TFLite decides the scale:
 
 * CONCATENATION keeps one scale for its inputs and its output. The
   converter gives every input the concatenation's scale: an input with a
@@ -24,7 +24,10 @@ layer). Two places where TFLite decides the scale:
   the grid and need nothing. An average pool or resize whose output a
   concatenation reads is a member of its group instead: TFLite then runs it
   in the concatenation's scale (its input requantized), and a second
-  FakeQuant on that tensor would not convert ("same scale constraint"). A Mean has a range of its own (MEAN is an
+  FakeQuant on that tensor would not convert ("same scale constraint").
+  An average pool that reads its range through a max pool (InceptionV3's
+  first mixed block) is not rounded: there the converter left the max
+  pool's other readers in float. A Mean has a range of its own (MEAN is an
   OWN_RANGE op); the converter keeps it a MEAN whose kernel rounds to that
   range, so it needs nothing here either.
 
