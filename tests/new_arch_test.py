@@ -21,10 +21,9 @@ import arch_cases  # pylint: disable=g-import-not-at-top
 import zoo_test  # pylint: disable=g-import-not-at-top
 import zoo_util  # pylint: disable=g-import-not-at-top
 
-# The cases that convert fully integer today; the others are issue #21's
-# open rows (README "Known limits").
-_PASSING = ["tcn", "transformer", "keras_layer_norm", "deeplab", "slim_atrous",
-            "gelu_mlp", "layer_norm_mlp", "nn_attention"]
+# Every case of tests/arch_cases.py.
+_PASSING = ["tcn", "transformer", "convnext", "keras_layer_norm", "deeplab",
+            "slim_atrous", "gelu_mlp", "layer_norm_mlp", "nn_attention"]
 
 
 class NewArchTest(zoo_test.ZooChecks, parameterized.TestCase):
@@ -42,11 +41,7 @@ class NewArchTest(zoo_test.ZooChecks, parameterized.TestCase):
 
     @parameterized.named_parameters(*[(name, name) for name in arch_cases.CASES])
     def test_coverage_leaves_nothing_float(self, name):
-        """qat.report reads every tensor of the eval graph as integer.
-
-        Also for convnext, whose layer norms TF 2.21's converter does not
-        convert (README "Known limits"): the graph has every range.
-        """
+        """qat.report reads every tensor of the eval graph as integer."""
         graph, _, y = zoo_util.build_graph(name, training=False)
         with graph.as_default():
             qat.experimental_create_eval_graph(graph, symmetric_weights=True)

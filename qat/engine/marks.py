@@ -20,6 +20,8 @@ QUANTIZER = "quantizer"
 QUANTIZER_OUTPUT = "quantizer_output"
 STANDALONE_BATCH_NORM = "standalone_batch_norm"
 LAYER_NORM = "layer_norm"
+# Training graphs: what a Rsqrt reads where its quantized input is 0.
+ZERO_GUARD = "zero_guard"
 
 # Set on a user op whose consumers a rewrite moved onto qat's replacement
 # (tf_keras's fused layer norm): its value names the replacement's output.

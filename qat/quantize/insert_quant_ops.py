@@ -237,7 +237,11 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
         indices[k] = batch.add(spec, step, input_ref=input_ref)
         out = batch.output(indices[k])
         quantized[plan.tensor] = out
-        rewrite.reroute_consumers(plan.tensor, out, plan.consumers)
+        guarded = [c for c in plan.consumers if c.type in _GUARDED_TYPES] if config.is_training else []
+        rewrite.reroute_consumers(plan.tensor, out, [c for c in plan.consumers if c not in guarded])
+        if guarded:
+            guard = _zero_guard(rewrite.nodes, plan.tensor, out, batch.prefix(indices[k]))
+            rewrite.reroute_consumers(plan.tensor, guard, guarded)
         for layer in plan.weight_sharers:
             rewrite.reroute(layer, 1, out)
 
@@ -289,6 +293,36 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     for item in left_float:
         logging.warning("qat: left float: %s (%s)", item.name, item.reason)
     return QuantizeResult(quantizers=quantizers, left_float=left_float)
+
+
+# Ops infinite at 0. TFLite's integer RSQRT gives its output range's top for
+# an input that rounds to 0, which the eval graph's range after it models
+# (rsqrt(0) = inf clamps to its max); a training graph's range would learn inf.
+_GUARDED_TYPES = frozenset(["Rsqrt"])
+
+
+def _zero_guard(nodes, raw: tf.Tensor, quantized: str, prefix: str) -> str:
+    """Training graphs: `quantized` where nonzero, else the float value.
+
+    A layer norm's variance under half a step rounds to 0; its Rsqrt would
+    be infinite and the next range (and every gradient) NaN.
+
+    Args:
+      nodes: the rewrite's NodeBatch.
+      raw: the tensor the quantizer reads (positive where it feeds a Rsqrt).
+      quantized: the quantizer's output.
+      prefix: the quantizer's name scope.
+
+    Returns:
+      The node the guarded ops read.
+    """
+    dtype = raw.dtype.base_dtype
+    scope = nodes.unique_name(prefix + "/zero_guard")
+    zero = nodes.const(scope + "/zero", 0.0, dtype)
+    nonzero = nodes.node(scope + "/Greater", "Greater", [quantized, zero], T=dtype,
+                         **{marks.ATTR: marks.ZERO_GUARD})
+    return nodes.node(scope + "/Select", "SelectV2", [nonzero, quantized, nodes.external(raw)],
+                      T=dtype, **{marks.ATTR: marks.ZERO_GUARD})
 
 
 def _warn_unconsumed(tensor: tf.Tensor, quantized: tf.Tensor) -> None:
