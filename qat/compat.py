@@ -37,6 +37,8 @@ import tensorflow as tf
 import qat
 from qat import graph_editor
 
+__all__ = ["install", "uninstall", "installed", "enable_slim", "legacy_keras_enabled"]
+
 CONTRIB = "tensorflow.contrib"
 # The tensorflow.contrib modules qat.compat provides, and what they map to.
 PROVIDED = ("quantize", "graph_editor", "slim")

@@ -134,6 +134,16 @@ class Net:
     # Whether the outputs differ between examples after two steps (as
     # zoo_util.Case.outputs_vary).
     outputs_vary: bool = True
+    # Bound of the outputs' difference (TFLite vs eval graph), in steps.
+    max_diff_steps: float = zoo_util.MAX_DIFF_STEPS
+
+
+# The ResNets' 16 residual blocks, two steps from random initialisation,
+# amplify the one-step rounding differences every layer keeps (each layer is
+# within one step of the eval graph given TFLite's own inputs, which
+# assert_each_layer_agrees checks): measured 56 (v1 uint8), 38 (v1 int8),
+# 64 (v2 uint8) and 61 (v2 int8) output steps. The bound keeps a 1.25x margin.
+_RESNET_MAX_DIFF_STEPS = 80.0
 
 
 def _inception(fn, **kwargs):
@@ -171,8 +181,10 @@ NETS = {
     # 75 is the smallest the VALID stem accepts; the auxiliary head needs more.
     "inception_v3": Net(_inception(inception.inception_v3, create_aux_logits=False),
                         inception.inception_v3_arg_scope, 75),
-    "resnet_v1_50": Net(_resnet(resnet_v1.resnet_v1_50), resnet_utils.resnet_arg_scope, 64),
-    "resnet_v2_50": Net(_resnet(resnet_v2.resnet_v2_50), resnet_utils.resnet_arg_scope, 64),
+    "resnet_v1_50": Net(_resnet(resnet_v1.resnet_v1_50), resnet_utils.resnet_arg_scope, 64,
+                        max_diff_steps=_RESNET_MAX_DIFF_STEPS),
+    "resnet_v2_50": Net(_resnet(resnet_v2.resnet_v2_50), resnet_utils.resnet_arg_scope, 64,
+                        max_diff_steps=_RESNET_MAX_DIFF_STEPS),
     "mobilenet_v1_025": Net(_mobilenet, mobilenet_v1_arg_scope, 128),
 }
 
@@ -260,7 +272,7 @@ class SlimNetsTest(zoo_util.ZooAssertions, parameterized.TestCase):
             models = export.export_tflite(
                 [x.name], [y.name], workdir, sess=sess, flavours=flavours,
                 input_ranges={x.op.name: _INPUT_RANGE}, parity_inputs=inputs,
-                max_diff_steps=zoo_util.MAX_DIFF_STEPS)
+                max_diff_steps=net.max_diff_steps)
             self.assertCountEqual(models, flavours)
             frozen = export.freeze_session(sess, [y.op.name])
             for export_flavour in flavours:
@@ -273,8 +285,8 @@ class SlimNetsTest(zoo_util.ZooAssertions, parameterized.TestCase):
                 export.check_fully_integer(model, frozen, label=f"{name} {export_flavour} (TF)")
                 parity = export.check_parity(
                     model, frozen, x.name, y.name, inputs,
-                    max_diff_steps=zoo_util.MAX_DIFF_STEPS)
-                self.assertLessEqual(parity.max_diff_steps, zoo_util.MAX_DIFF_STEPS)
+                    max_diff_steps=net.max_diff_steps)
+                self.assertLessEqual(parity.max_diff_steps, net.max_diff_steps)
                 if model != exported:  # Same bytes: checked above.
                     self.assert_each_layer_agrees(frozen, x, y, inputs, export_flavour, model)
 

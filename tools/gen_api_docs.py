@@ -4,8 +4,9 @@
   .venv/bin/python tools/gen_api_docs.py --check    # exit 1 when docs/api.md is stale
 
 The public names are `qat.__all__` (its modules `qat.graph_editor`,
-`qat.gradient_checkpointing` and `qat.report` get sections of their own) and
-`qat.export.__all__`. `qat.graph_editor` has no `__all__`: its public names are
+`qat.gradient_checkpointing` and `qat.report` get sections of their own),
+`qat.export.__all__` and `qat.compat.__all__`. `qat.graph_editor` has no
+`__all__`: its public names are
 the functions and classes it re-exports from its submodules, and contrib's
 aliases. Each name gets its signature and its docstring; each class also its
 public methods and properties defined in qat. tests/docs_test.py runs the check,
@@ -136,6 +137,7 @@ def generate() -> str:
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     import qat  # pylint: disable=g-import-not-at-top
+    from qat import compat  # pylint: disable=g-import-not-at-top
     from qat import export  # pylint: disable=g-import-not-at-top
 
     modules = {name: getattr(qat, name) for name in qat.__all__
@@ -150,6 +152,7 @@ def generate() -> str:
     sections = [
         ("qat", qat, top),
         ("qat.export", export, list(export.__all__)),
+        ("qat.compat", compat, list(compat.__all__)),
         ("qat.report", report, list(report.__all__)),
         ("qat.graph_editor", ge, _graph_editor_names(ge)),
         ("qat.gradient_checkpointing", checkpointing,

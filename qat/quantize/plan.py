@@ -31,9 +31,10 @@ beside a quantized one.
   bilinear resizes round to their input's range:
   `qat.quantize.shared_ranges`.
 
-Names derive from the producing op and never from consumer order, and ops
-that exist only in training graphs (gradients, dropout) are looked through:
-training and eval graphs plan the same names. What is left in float, and
+Names derive from the producing op (for a tensor entering the model, from
+the model op that reads it), never from what only one of the graphs has:
+ops that exist only in training graphs (gradients, dropout, the loss) are
+looked through, so training and eval graphs plan the same names. What is left in float, and
 why, is listed in `Planner.left_float`.
 """
 import collections

@@ -224,8 +224,9 @@ class GraphView(object):
                   ) -> Tuple[Set[tf.Operation], Optional[tf.Tensor]]:
         """Returns (tail ops, layer output tensor) of a layer op.
 
-        An op joins the tail when it is a tail type, not in `stop`, and every data input it has comes from the tail (the
-        others are parameters), so residual adds never join. The tail then
+        An op joins the tail when it is a tail type, not in `stop`, and
+        every data input it has comes from the tail (the others are
+        parameters), so residual adds never join. The tail then
         ends at a bias add or batch norm (`qat.quantize.patterns.is_tail_end`):
         a Squeeze, Reshape or Identity after it reads the layer output, so
         training and eval graphs put the layer's one range at the same op
