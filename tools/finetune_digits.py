@@ -52,7 +52,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
