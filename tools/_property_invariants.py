@@ -171,7 +171,10 @@ def _is_statistic(op: tf.Operation) -> bool:
 
 
 _SAME_SCALE = frozenset(["Identity", "Reshape", "MaxPool", "Pad", "Squeeze",
-                         "ExpandDims", "Select", "Cast"])
+                         "ExpandDims", "Select", "Cast",
+                         # An atrous layer's range is on the conv output, the
+                         # tensor TFLite's CONV_2D writes (docs/what_gets_a_range.md).
+                         "BatchToSpaceND", "SpaceToBatchND"])
 
 
 def _range_variables(fq: tf.Operation) -> Optional[tuple]:

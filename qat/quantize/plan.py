@@ -301,9 +301,10 @@ class Planner(plan_structures.StructurePlanning, plan_graph.GraphView):
         if out is None:
             return
         ctx = _context(layer)
-        # An Identity ending the tail (`tf.identity(logits, name="output")`,
-        # tf.cond's output) reads the range: the model output the user
-        # fetches or exports under that name is then the quantized value.
+        # An Identity after the tail (`tf.identity(logits, name="output")`)
+        # reads the range, so the model output the user fetches or exports
+        # under that name is the quantized value; one of the fold's own can
+        # end the tail (after its functional cond): the range goes before it.
         exclude = {op for op in tail if op.type != "Identity"}
         while out.op.type == "Identity" and out.op in tail and out.op is not layer:
             out = out.op.inputs[0]
