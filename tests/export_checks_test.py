@@ -113,5 +113,24 @@ class ShapeOnlyOpsTest(absltest.TestCase):
             self.assertNotIn("SHAPE", float_ops, flavour)
 
 
+class RunnableTest(absltest.TestCase):
+    """A model whose kernels are prepared only when it first runs is run once."""
+
+    def test_uint8_attention_matmul_is_refused_at_export(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [None, 4, 8], name="x")
+            q = tf.quantization.fake_quant_with_min_max_args(x, 0.0, 1.0)
+            scores = tf.quantization.fake_quant_with_min_max_args(
+                tf.matmul(q, q, transpose_b=True), 0.0, 8.0)
+            mean = tf.quantization.fake_quant_with_min_max_args(
+                tf.reduce_mean(scores, 1), 0.0, 8.0)
+            tf.identity(mean, name="y")
+            sess = tf1.Session()
+        with self.assertRaisesRegex(export.ConversionError, "BATCH_MATMUL"):
+            export.export_tflite(["x"], ["y"], tempfile.mkdtemp(), sess=sess,
+                                 flavours=("uint8",), input_ranges={"x": (0.0, 1.0)})
+
+
 if __name__ == "__main__":
     absltest.main()

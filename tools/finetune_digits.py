@@ -24,8 +24,8 @@ learning rate): in float (the float accuracy quoted) and with
 QAT eval graph separately
 (`experimental_create_eval_graph`), restore the QAT checkpoint with a plain
 strict `Saver().restore`, export with `qat.export.export_tflite` (int8; uint8
-is tried and reported: it converts, but TFLite's BATCH_MATMUL, the attention
-scores and context, has no uint8 kernel, so it does not run) and print, on the 397 held-out digits: float accuracy
+is tried and reported: TFLite's BATCH_MATMUL, the attention scores and
+context, has no uint8 kernel, so qat.export refuses the model) and print, on the 397 held-out digits: float accuracy
 (pretrained and fine-tuned), QAT
 eval-graph accuracy, int8 TFLite accuracy, top-1 agreement TFLite / eval
 graph, the output difference TFLite - eval graph in output steps (mean, max),
@@ -300,7 +300,7 @@ def evaluate(cfg: Config, test_data, pretrained_path: str, float_path: str, qat_
             [x.name], [logits.name], workdir, frozen_graph_def=frozen, flavours=("uint8",),
             input_ranges={x.op.name: (0.0, 1.0)})["uint8"].model
     except Exception as e:  # pylint: disable=broad-except
-        uint8 = "does not convert: %s" % str(e).strip().splitlines()[-1][:200]
+        uint8 = "refused: %s" % str(e).strip().splitlines()[-1][:200]
     else:
         try:
             uint8_out = export.run_tflite(uint8_model, images)

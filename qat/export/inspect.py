@@ -274,11 +274,14 @@ _WEIGHT_OPS = frozenset(["CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRA
 
 def check_runnable(model: bytes, graph_def: Optional[tf.compat.v1.GraphDef] = None,
                    label: str = "model") -> None:
-    """Raises ConversionError if the TFLite kernels refuse to prepare `model`.
+    """Raises ConversionError if the TFLite kernels refuse to prepare or run `model`.
 
+    The model is prepared and run once on zeros: with a dynamic batch size
+    some kernels (BATCH_MATMUL) are prepared only when the model first runs.
     The usual cause with qat graphs: int8 kernels need symmetric weights (zero
     point 0), which asymmetric (contrib default) weight ranges do not give;
-    `symmetric_weights=True` in qat.experimental_create_*_graph does.
+    `symmetric_weights=True` in qat.experimental_create_*_graph does. Another:
+    a kernel TFLite has in int8 only (uint8 RSQRT, BATCH_MATMUL).
 
     Raises:
       ConversionError: with the kernel's message and the weights at fault.
@@ -286,6 +289,10 @@ def check_runnable(model: bytes, graph_def: Optional[tf.compat.v1.GraphDef] = No
     interp = make_interpreter(model)
     try:
         interp.allocate_tensors()
+        for detail in interp.get_input_details():
+            interp.set_tensor(detail["index"],
+                              np.zeros(detail["shape"], detail["dtype"]))
+        interp.invoke()
     except (RuntimeError, ValueError) as e:
         report = describe_model(model)
         nodes = {n.name: n.op for n in graph_def.node} if graph_def is not None else {}
