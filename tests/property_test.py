@@ -7,8 +7,9 @@ network input) with a derandomized, bounded run, and every invariant of
 tools/_property_invariants.py must hold: the eval fold equals the unfolded
 network within 1e-4, every batch norm is folded, after the training rewrite
 every gradient exists and is finite, a second call leaves the GraphDef
-unchanged, every weight is read through a FakeQuant, and no data tensor is
-read both raw and quantized. A failing example is shrunk greedily and both are
+unchanged, every weight is read through a FakeQuant, no data tensor is
+read both raw and quantized, and every input of a quantized concatenation is
+read through a FakeQuant with the concatenation's variables. A failing example is shrunk greedily and both are
 reported. `tools/property_check.py` runs the same checks over 10,000
 networks and counts the violations.
 """

@@ -23,6 +23,12 @@ and training mode), rewrites both and returns, for each invariant of
 * `train_eval_symmetry`: every variable of the rewritten eval graph is one
   of the rewritten training graph, with its shape, so a plain `Saver()` in
   the eval graph restores the training checkpoint.
+* `shared_concat_ranges`: every data input of a quantized concatenation is
+  read through a FakeQuant whose min / max variables are the
+  concatenation's (training and eval graphs). A concatenation's range reads
+  its other inputs' raw values for its statistics
+  (`qat.quantize.shared_ranges`): `no_raw_reader` counts those reductions as
+  range computation.
 
 The checks are structural except the two that run a Session (one thread).
 """
@@ -34,6 +40,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import qat
+from qat.engine import marks
 from tools import _property_networks as networks
 
 INVARIANTS = (
@@ -47,6 +54,7 @@ INVARIANTS = (
     "no_raw_reader",
     "one_range_per_layer_output",
     "train_eval_symmetry",
+    "shared_concat_ranges",
 )
 TOLERANCE = 1e-4
 LAYER_TYPES = frozenset([
@@ -151,9 +159,68 @@ def raw_and_quantized_violations(graph: tf.Graph, input_tensor: tf.Tensor) -> Li
             continue
         allowed = _range_ops(fq, data)
         for c in raw:
-            if c not in allowed:
+            if c not in allowed and not _is_statistic(c):
                 problems.append(f"{data.name} is read quantized by {fq.name} and raw "
                                 f"by {c.name} ({c.type})")
+    return problems
+
+
+def _is_statistic(op: tf.Operation) -> bool:
+    """A reduction of a quantizer's range update (a group member's min / max)."""
+    return op.type in ("Min", "Max", "Cast") and marks.made_by_qat(op, marks.QUANTIZER)
+
+
+_SAME_SCALE = frozenset(["Identity", "Reshape", "MaxPool", "Pad", "Squeeze",
+                         "ExpandDims", "Select", "Cast",
+                         # An atrous layer's range is on the conv output, the
+                         # tensor TFLite's CONV_2D writes (docs/what_gets_a_range.md).
+                         "BatchToSpaceND", "SpaceToBatchND"])
+
+
+def _range_variables(fq: tf.Operation) -> Optional[tuple]:
+    """The names of the variables a FakeQuant's min and max read, or None."""
+    names = []
+    for t in fq.inputs[1:3]:
+        while t.op.type == "Identity":
+            t = t.op.inputs[0]
+        if t.op.type != "ReadVariableOp":
+            return None
+        names.append(t.op.inputs[0].op.name)
+    return tuple(names)
+
+
+def _quantizing_fake_quant(t: tf.Tensor) -> Optional[tf.Operation]:
+    """The FakeQuant `t` comes from, back through same-scale and qat's ops."""
+    for _ in range(100):
+        if _is_fake_quant(t.op):
+            return t.op
+        if t.op.type not in _SAME_SCALE or not t.op.inputs:
+            return None
+        # A delayed quantizer's Select: its quantized input.
+        t = t.op.inputs[1] if t.op.type == "Select" else t.op.inputs[0]
+    return None
+
+
+def shared_concat_violations(graph: tf.Graph, input_tensor: tf.Tensor) -> List[str]:
+    """Inputs of a quantized concatenation not quantized with its range."""
+    data_ops = _forward_ops(input_tensor.op)
+    problems = []
+    for op in graph.get_operations():
+        if op.type not in ("ConcatV2", "Concat") or op not in data_ops:
+            continue
+        own = [c for c in op.outputs[0].consumers() if _is_fake_quant(c)]
+        if not own:
+            continue
+        variables = _range_variables(own[0])
+        for t in op.inputs:
+            if t.op not in data_ops:
+                continue
+            fq = _quantizing_fake_quant(t)
+            if fq is None:
+                problems.append(f"{op.name} reads {t.name} unquantized")
+            elif _range_variables(fq) != variables:
+                problems.append(f"{op.name} reads {t.name} through {fq.name} with "
+                                f"{_range_variables(fq)}, not {variables}")
     return problems
 
 
@@ -225,6 +292,9 @@ def _structural(results, suffix, built) -> None:
     if problems and results.get("one_range_per_layer_output") is None:
         results["one_range_per_layer_output"] = f"{suffix}: " + "; ".join(problems)
     results.setdefault("_variables", {})[suffix] = _variables(built.graph)
+    problems = shared_concat_violations(built.graph, built.input)
+    if problems and results.get("shared_concat_ranges") is None:
+        results["shared_concat_ranges"] = f"{suffix}: " + "; ".join(problems)
 
 
 def _check_eval(net, results, seed) -> None:

@@ -49,6 +49,8 @@ class Quantizer:
       bits: its bit width.
       per_channel: one range per output channel.
       symmetric: a symmetric range.
+      range_name: the name scope of the variables it reads: `name`, or
+        the quantizer whose range it shares (`qat.quantize.shared_ranges`).
     """
     tensor: tf.Tensor
     output: tf.Tensor
@@ -57,6 +59,7 @@ class Quantizer:
     bits: int
     per_channel: bool
     symmetric: bool
+    range_name: str = ""
 
 
 @dataclasses.dataclass
@@ -214,9 +217,24 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     indices = {}   # plan position -> quantizer index
     quantized = {}  # tensor -> node its consumers read instead
 
+    position = {id(plan): k for k, plan in enumerate(plans)}
+
+    def depends(k):
+        """Plans whose quantizers quantizer `k` reads (shared ranges)."""
+        return [position[id(plans[k].shared)]] if plans[k].shared is not None else []
+
     def add(k, input_ref=None):
+        if k in indices:
+            return
         plan = plans[k]
-        indices[k] = batch.add(specs[k], step, input_ref=input_ref)
+        for j in depends(k):
+            add(j)
+        spec = specs[k]
+        if plan.shared is not None:
+            spec.range_of = indices[position[id(plan.shared)]]
+            spec.range_before_update = plan.before_update
+        spec.statistics_of = tuple(plan.members)
+        indices[k] = batch.add(spec, step, input_ref=input_ref)
         out = batch.output(indices[k])
         quantized[plan.tensor] = out
         guarded = [c for c in plan.consumers if c.type in _GUARDED_TYPES] if config.is_training else []
@@ -232,8 +250,13 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     # other consumers read the conv.
     standalone = [] if config.is_training else list(planner.standalone_bns)
     bn_outputs = {bn.outputs[0] for bn in standalone}
+
+    def reads_bn_output(k):
+        return plans[k].tensor in bn_outputs or any(
+            reads_bn_output(j) for j in depends(k))
+
     for k, plan in enumerate(plans):
-        if plan.tensor not in bn_outputs:
+        if not reads_bn_output(k):
             add(k)
     for bn in standalone:
         out = bn.outputs[0]
@@ -263,7 +286,8 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
         quantizers.append(Quantizer(
             tensor=plan.tensor, output=out, name=batch.prefix(indices[k]),
             kind=_kind(plan.prefix), bits=spec.num_bits,
-            per_channel=spec.per_channel, symmetric=spec.symmetric))
+            per_channel=spec.per_channel, symmetric=spec.symmetric,
+            range_name=batch.range_prefix(indices[k])))
         if not plan.consumers and not plan.weight_sharers:
             _warn_unconsumed(plan.tensor, out)
     for item in left_float:

@@ -26,10 +26,10 @@ ACTIVATION_TYPES = frozenset(["Relu", "Relu6", "Identity", "LeakyRelu"])
 # BatchToSpaceND, batch norms (fused, unfused arithmetic, batch statistics).
 # The fold pass's own tail ops (rescale, folded bias add, select_fold, its
 # functional cond) are recognised by qat's mark instead (`is_tail_op`). An
-# Identity ending a tail is the layer's activation (an explicit "no
-# activation"). A tail op only joins a layer's tail when every data input it
-# has comes from that layer's tail (the others are parameters), so residual
-# adds never join.
+# Identity joins between a layer and its bias add (`layer_identity`); one
+# after the tail's end is not part of it (`TAIL_END_TYPES`). A tail op only
+# joins a layer's tail when every data input it has comes from that layer's
+# tail (the others are parameters), so residual adds never join.
 TAIL_TYPES = frozenset([
     "BiasAdd", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div",
     "Neg", "Identity",

@@ -28,6 +28,9 @@ beside a quantized one.
 * Loss arithmetic (`GraphView.loss_ops`, walked back from the scalars it
   reduces to): no range, no warning.
 * Batch norms after no layer: `qat.quantize.standalone_batch_norm`.
+* A concatenation and its inputs share one range; average pools and
+  bilinear resizes round to their input's range:
+  `qat.quantize.shared_ranges`.
 
 Names derive from the producing op (for a tensor entering the model, from
 the model op that reads it), never from what only one of the graphs has:
@@ -47,6 +50,7 @@ from qat.quantize import op_table
 from qat.quantize import patterns as qp
 from qat.quantize import plan_graph
 from qat.quantize import plan_structures
+from qat.quantize import shared_ranges
 from qat.quantize import standalone_batch_norm
 from qat.quantize.plan_graph import existing_quantizer  # pylint: disable=unused-import
 from qat.quantize.plan_graph import is_quantized_output
@@ -69,6 +73,13 @@ class Plan:
     # Layer ops reading the same weights through another read of the same
     # resource variable: their input 1 is set to the quantized weights.
     weight_sharers: List[tf.Operation] = dataclasses.field(default_factory=list)
+    # Shared ranges (`qat.quantize.shared_ranges`): the plan whose range this
+    # one reads (no variables of its own); as that plan's FakeQuant reads it,
+    # or, for a member of a concatenation's group, as before the update.
+    shared: Optional["Plan"] = None
+    before_update: bool = False
+    # A group's own plan: the other members, whose statistics join its own.
+    members: List[tf.Tensor] = dataclasses.field(default_factory=list)
 
 
 class Planner(plan_structures.StructurePlanning, plan_graph.GraphView):
@@ -290,9 +301,10 @@ class Planner(plan_structures.StructurePlanning, plan_graph.GraphView):
         if out is None:
             return
         ctx = _context(layer)
-        # An Identity ending the tail (`tf.identity(logits, name="output")`,
-        # tf.cond's output) reads the range: the model output the user
-        # fetches or exports under that name is then the quantized value.
+        # An Identity after the tail (`tf.identity(logits, name="output")`)
+        # reads the range, so the model output the user fetches or exports
+        # under that name is the quantized value; one of the fold's own can
+        # end the tail (after its functional cond): the range goes before it.
         exclude = {op for op in tail if op.type != "Identity"}
         while out.op.type == "Identity" and out.op in tail and out.op is not layer:
             out = out.op.inputs[0]
@@ -423,4 +435,5 @@ class Planner(plan_structures.StructurePlanning, plan_graph.GraphView):
         for op in ordered:
             self.visit(op)
         self._revisit_deferred()
+        shared_ranges.plan(self, ordered)
         return list(self.plans.values())

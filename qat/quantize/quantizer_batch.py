@@ -10,6 +10,12 @@ Two quantizers, as in `tf.contrib.quantize`:
 * moving average (activations): an exponential moving average of the batch
   min and max, not narrow.
 
+Shared ranges (`qat.quantize.shared_ranges`): a spec with `range_of` reads an
+earlier quantizer's range instead of owning variables (as that quantizer's
+FakeQuant reads it, or, with `range_before_update`, the variables as they were
+before this step's update); `statistics_of` adds further tensors' batch min
+and max to a quantizer's update.
+
 Each quantizer owns two non-trainable variables `<prefix>/min` and
 `<prefix>/max` (scalars, or vectors of the last dimension when per-channel) in
 GLOBAL_VARIABLES and MOVING_AVERAGE_VARIABLES. In a training graph assign ops
@@ -29,6 +35,7 @@ take seconds. `QuantizerBatch` therefore writes the quantizers as NodeDefs and
 adds them to the graph with one `import_graph_def` (done in C++), then wraps
 the range variables in `tf.Variable` objects from their VariableDefs.
 """
+import dataclasses
 from typing import Dict, List, Optional, Union
 
 import numpy as np
@@ -81,6 +88,10 @@ class QuantizerBatch(object):
         self._shared: Dict[tuple, str] = {}
         self._shared_scope: Optional[str] = None
         self._training_fake_quants: List[tuple] = []
+        # Per quantizer: (min variable, max variable) of the range it reads,
+        # and the (min, max) nodes its FakeQuant reads.
+        self._variables: List[tuple] = []
+        self._ranges: List[tuple] = []
         self._device = ""           # Of the quantizer being added.
         self._variable_device = ""
 
@@ -196,14 +207,24 @@ class QuantizerBatch(object):
         else:
             rank = spec.inputs.shape.rank
             channels = spec.inputs.shape[-1] if spec.per_channel else None
-        var_shape = [int(channels)] if spec.per_channel else []
-        min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
-        max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
-        if spec.is_training:
-            lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
+        if spec.range_of is not None:
+            min_var, max_var = self._variables[spec.range_of]
+            if spec.is_training and not spec.range_before_update:
+                lo, hi = self._ranges[spec.range_of]
+            else:
+                lo = min_var + "/Read/ReadVariableOp"
+                hi = max_var + "/Read/ReadVariableOp"
         else:
-            lo = min_var + "/Read/ReadVariableOp"
-            hi = max_var + "/Read/ReadVariableOp"
+            var_shape = [int(channels)] if spec.per_channel else []
+            min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
+            max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
+            if spec.is_training:
+                lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
+            else:
+                lo = min_var + "/Read/ReadVariableOp"
+                hi = max_var + "/Read/ReadVariableOp"
+        self._variables.append((min_var, max_var))
+        self._ranges.append((lo, hi))
         fq_type = ("FakeQuantWithMinMaxVarsPerChannel" if spec.per_channel
                    else "FakeQuantWithMinMaxVars")
         last = not (spec.channel_reshape or spec.quant_delay or low_dtype)
@@ -249,27 +270,23 @@ class QuantizerBatch(object):
     def _updates(self, spec, p, x, rank, min_var, max_var, step):
         zero = self._shared_const("zero", 0.0, tf.float32)
         nonnegative = spec.nonnegative and not spec.per_channel
-        if spec.per_channel and rank == 1:
-            batch_min = batch_max = x  # Every element is its own channel.
-        elif rank is None:  # Unknown rank (per-tensor only): reduce it flat.
-            flat = self._node(p + "/Flatten", "Reshape",
-                              [x, self._shared_const("flat_shape", [-1], tf.int32)],
-                              T=_FLOAT, Tshape=_INT32)
-            axis = self._shared_const("reduction_indices", [0], tf.int32)
-            if not nonnegative:
-                batch_min = self._node(p + "/BatchMin", "Min", [flat, axis],
-                                       T=_FLOAT, Tidx=_INT32)
-            batch_max = self._node(p + "/BatchMax", "Max", [flat, axis],
-                                   T=_FLOAT, Tidx=_INT32)
-        else:
-            axes = list(range(rank - 1)) if spec.per_channel else list(range(rank))
-            axes_const = self._shared_const("reduction_indices", axes,
-                                            tf.int32)
-            if not nonnegative:
-                batch_min = self._node(p + "/BatchMin", "Min", [x, axes_const],
-                                       T=_FLOAT, Tidx=_INT32)
-            batch_max = self._node(p + "/BatchMax", "Max", [x, axes_const],
-                                   T=_FLOAT, Tidx=_INT32)
+        batch_min, batch_max = self._batch_range(spec, p, x, rank, nonnegative)
+        for k, t in enumerate(spec.statistics_of):
+            # A concatenation's group: the range covers every member.
+            q = "%s/member_%d" % (p, k)
+            y = self._external(t)
+            low = _low_precision_dtype(t)
+            if low is not None:
+                y = self._cast(q + "/ToFloat32", y, low, _FLOAT)
+            y_min, y_max = self._batch_range(
+                dataclasses.replace(spec, per_channel=False), q, y, t.shape.rank,
+                t.op.type in ("Relu", "Relu6"))
+            if y_min is not None:
+                batch_min = y_min if batch_min is None else self._node(
+                    q + "/GroupMin", "Minimum", [batch_min, y_min], T=_FLOAT)
+            batch_max = self._node(q + "/GroupMax", "Maximum", [batch_max, y_max],
+                                   T=_FLOAT)
+        nonnegative = batch_min is None
         if nonnegative:
             # min(batch) >= 0, so min(batch_min, 0) = 0 and max(batch_max, 0)
             # = batch_max: no reduction for the min.
@@ -291,6 +308,32 @@ class QuantizerBatch(object):
             lo = self._assign(p + "/AssignMinLast", min_var, lo)
             hi = self._assign(p + "/AssignMaxLast", max_var, hi)
         return lo, hi
+
+    def _batch_range(self, spec, p, x, rank, nonnegative):
+        """(batch min or None when `nonnegative`, batch max) of `x`."""
+        batch_min = None
+        if spec.per_channel and rank == 1:
+            batch_min = batch_max = x  # Every element is its own channel.
+        elif rank is None:  # Unknown rank (per-tensor only): reduce it flat.
+            flat = self._node(p + "/Flatten", "Reshape",
+                              [x, self._shared_const("flat_shape", [-1], tf.int32)],
+                              T=_FLOAT, Tshape=_INT32)
+            axis = self._shared_const("reduction_indices", [0], tf.int32)
+            if not nonnegative:
+                batch_min = self._node(p + "/BatchMin", "Min", [flat, axis],
+                                       T=_FLOAT, Tidx=_INT32)
+            batch_max = self._node(p + "/BatchMax", "Max", [flat, axis],
+                                   T=_FLOAT, Tidx=_INT32)
+        else:
+            axes = list(range(rank - 1)) if spec.per_channel else list(range(rank))
+            axes_const = self._shared_const("reduction_indices", axes,
+                                            tf.int32)
+            if not nonnegative:
+                batch_min = self._node(p + "/BatchMin", "Min", [x, axes_const],
+                                       T=_FLOAT, Tidx=_INT32)
+            batch_max = self._node(p + "/BatchMax", "Max", [x, axes_const],
+                                   T=_FLOAT, Tidx=_INT32)
+        return batch_min, batch_max
 
     def _ema_rate(self, decay: float, step) -> str:
         """1 - decay; with the step, 1 on its first run (the batch's range)."""
@@ -347,6 +390,10 @@ class QuantizerBatch(object):
     def prefix(self, index: int) -> str:
         """The name scope quantizer `index` got (its variables' prefix)."""
         return self._prefixes[index]
+
+    def range_prefix(self, index: int) -> str:
+        """The name scope of the variables quantizer `index` reads."""
+        return self._variables[index][0].rsplit("/", 1)[0]
 
     def finish(self) -> None:
         """Adds what the quantizers share (the nudged ranges of training ones)."""

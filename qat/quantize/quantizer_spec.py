@@ -3,7 +3,7 @@
 `qat.quantize.quantizer_batch` builds quantizers from these specs.
 """
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -74,6 +74,16 @@ class QuantizerSpec:
         min and max (the first run of the quantization step counter)
         instead of averaging from `init_min` / `init_max`, so no prior such
         as [-6, 6] squashes small activations while the average moves.
+      range_of: shared ranges (`qat.quantize.shared_ranges`): the index, in
+        the same batch, of an earlier quantizer whose range this one reads;
+        it then owns no variables and updates nothing.
+      range_before_update: with `range_of`, in training: read that
+        quantizer's variables as they were before this step's update (a
+        member of a concatenation's group) instead of what its FakeQuant
+        reads. Eval graphs read the variables either way.
+      statistics_of: in training, further tensors whose batch min and max
+        join this quantizer's in its range update (the other members of a
+        concatenation's group).
     """
     inputs: tf.Tensor
     prefix: str
@@ -93,6 +103,9 @@ class QuantizerSpec:
     device: str = ""
     variable_device: str = ""
     init_from_first_batch: bool = False
+    range_of: Optional[int] = None
+    range_before_update: bool = False
+    statistics_of: Tuple[tf.Tensor, ...] = ()
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""
@@ -104,6 +117,10 @@ class QuantizerSpec:
                 f"Cannot quantize '{self.inputs.name}': FakeQuant needs float32 "
                 f"(float16 and bfloat16 are cast to float32 and back), got "
                 f"{self.inputs.dtype.name}.")
+        if self.range_of is not None and (self.per_channel or self.statistics_of):
+            raise ValueError(
+                f"'{self.prefix}' reads another quantizer's range: it can be "
+                "neither per-channel nor have statistics of its own.")
         if self.per_channel:
             shape = (tf.TensorShape(self.channel_reshape)
                      if self.channel_reshape else self.inputs.shape)
