@@ -45,11 +45,11 @@ from typing import Dict, List, Optional, Set, Tuple
 import tensorflow as tf
 
 from qat.engine import marks
-from qat.matching import layer_patterns
 from qat.quantize import op_table
 from qat.quantize import patterns as qp
 from qat.quantize import plan_graph
 from qat.quantize import plan_structures
+from qat.quantize import plan_weights
 from qat.quantize import shared_ranges
 from qat.quantize import standalone_batch_norm
 from qat.quantize.plan_graph import existing_quantizer  # pylint: disable=unused-import
@@ -82,7 +82,8 @@ class Plan:
     members: List[tf.Tensor] = dataclasses.field(default_factory=list)
 
 
-class Planner(plan_structures.StructurePlanning, plan_graph.GraphView):
+class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
+              plan_graph.GraphView):
     """Plans the quantizers of one graph without changing it."""
 
     def __init__(self, graph, is_training, scope, per_channel,
@@ -241,44 +242,6 @@ class Planner(plan_structures.StructurePlanning, plan_graph.GraphView):
         consumers = self.consumers(out, exclude)
         self._plan(out, ctx, kind, init_min, consumers,
                    allow_unused=allow_unused)
-
-    # --- Weights ------------------------------------------------------------
-
-    def _weight_readers(self, w: tf.Tensor) -> List[tf.Operation]:
-        """Layers reading weights `w`, or the training fold's unscale Mul
-        (`layer_patterns.UNSCALED_WEIGHTS`) they read `w` through."""
-        def reads(c):
-            return c.type in qp.LAYER_TYPES and c.inputs[1] is w
-        return [c for c in w.consumers() if c not in self.gradient_ops and (
-            reads(c) or c.type == "Mul" and any(
-                op.type in layer_patterns.FOLDABLE_TYPES
-                and layer_patterns.weight_input(op) is w
-                for op in c.outputs[0].consumers()))]
-
-    def plan_weights(self, layer: tf.Operation) -> None:
-        # Input 1 for every layer type; w*s behind the fold's unscale Mul.
-        w = layer_patterns.weight_input(layer)
-        if is_quantized_output(w):
-            return
-        # Reads of one resource variable are one weight: quantized once.
-        key = w.op.inputs[0] if w.op.type == "ReadVariableOp" else w
-        shared = self.weight_plans.get(key)
-        if shared is not None:
-            if shared.tensor is not w and layer not in shared.weight_sharers:
-                shared.weight_sharers.append(layer)
-            return
-        sharing = self._weight_readers(w)
-        # Per channel means along the output channels, the last axis of the
-        # weights (depthwise: reshaped in _spec); not for transposed layouts.
-        per_channel = (self.per_channel and w.shape.rank in (2, 4)
-                       and layer.type not in qp.TRANSPOSED_CONV_TYPES
-                       and not (layer.type == "MatMul"
-                                and (layer.get_attr("transpose_b")
-                                     or not self.per_channel_matmul)))
-        if self._plan(w, _context(layer), "weights_quant", -6.0, sharing,
-                      is_weight=True, per_channel=per_channel):
-            self.plans[w].depthwise = layer.type == "DepthwiseConv2dNative"
-            self.weight_plans[key] = self.plans[w]
 
     # --- Layers -------------------------------------------------------------
 

@@ -129,3 +129,9 @@ class QuantizerSpec:
                     f"Per-channel quantization of '{self.inputs.name}' needs a "
                     "tensor of rank 1 to 4 with a known last dimension, got "
                     f"shape {shape}.")
+
+
+def low_precision_dtype(t: tf.Tensor) -> Optional[tf.DType]:
+    """float16 / bfloat16 for a tensor quantized in float32, else None."""
+    dtype = t.dtype.base_dtype
+    return dtype if dtype in LOW_PRECISION_DTYPES else None
