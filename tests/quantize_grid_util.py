@@ -1,10 +1,18 @@
 """Builds and checks the quantize grid's tiny graphs (shared by the shards).
 
-One case: input -> layer (conv, fc, depthwise or atrous conv) -> bias or batch
-norm (none, fused, unfused) -> activation, with an optional residual add
-before or after the activation, rewritten by
-`experimental_create_training_graph`. The checks read the graph's structure
-only (no Session), so each case takes milliseconds.
+One case: input -> layer (conv, fc or depthwise) -> bias or batch norm
+(none, fused, unfused) -> activation, with an optional residual add before
+or after the activation, rewritten by `experimental_create_training_graph`.
+The checks read the graph's structure only (no Session), so each case takes
+milliseconds.
+
+Atrous convolutions follow TFLite's lowering of them instead (with a dynamic
+batch the converter keeps SPACE_TO_BATCH_ND -> CONV_2D -> BATCH_TO_SPACE_ND:
+the range is on the conv output, a bias after the BatchToSpaceND is an ADD
+of its own and an activation after it is not fused; docs/what_gets_a_range.md).
+The grid's expectations do not encode that; tests/new_arch_test.py (TCN,
+DeepLab head, TF-Slim `rate=`) checks those graphs end to end against
+TFLite, and the property networks draw atrous layers with every option.
 """
 import itertools
 import os
@@ -23,7 +31,7 @@ RESIDUALS = ("none", "pre", "post")
 DELAYS = (None, 5000)
 VARIABLES = ("resource", "ref")
 SCOPES = (None, "test")
-LAYERS = ("conv", "fc", "depthwise", "atrous")
+LAYERS = ("conv", "fc", "depthwise")
 BATCH_NORMS = ("none", "fused", "unfused")
 MODES = ("train", "eval")
 

@@ -18,8 +18,9 @@ and training mode), rewrites both and returns, for each invariant of
   network input) that has a FakeQuant reads the FakeQuant's output, wherever
   the reader lives (the loss, a head outside the model's scope); only that
   quantizer's range computation reads the raw value (training and eval).
-* `one_range_per_layer_output`: no FakeQuant between a layer op and its bias
-  add (the layer output has one range, after the bias; both graphs).
+* `one_range_per_layer_output`: no FakeQuant between a layer op and a bias
+  add TFLite fuses into it (directly, or through Identity / Squeeze): the
+  layer output has one range, after the bias (both graphs).
 * `train_eval_symmetry`: every variable of the rewritten eval graph is one
   of the rewritten training graph, with its shape, so a plain `Saver()` in
   the eval graph restores the training checkpoint.
@@ -224,8 +225,10 @@ def shared_concat_violations(graph: tf.Graph, input_tensor: tf.Tensor) -> List[s
     return problems
 
 
-# Ops between a layer op and its bias add that keep the layer's values.
-_LAYER_OUTPUT_PASSTHROUGH = frozenset(["Identity", "Squeeze", "Reshape", "BatchToSpaceND"])
+# Ops between a layer op and a bias add TFLite fuses into the layer. Across an
+# atrous conv's BatchToSpaceND or a Reshape the bias is an ADD of its own, with
+# a range before and after it, as TFLite computes it.
+_LAYER_OUTPUT_PASSTHROUGH = frozenset(["Identity", "Squeeze"])
 _BIAS_ADD_TYPES = frozenset(["BiasAdd", "Add", "AddV2"])
 
 
@@ -236,9 +239,9 @@ def _back_through_passthrough(t: tf.Tensor) -> tf.Tensor:
 
 
 def _is_parameter(t: tf.Tensor) -> bool:
-    """A variable read or a constant (maybe behind Identity)."""
+    """A variable read or a constant (maybe behind Identity or a FakeQuant)."""
     op = t.op
-    while op.type == "Identity" and op.inputs:
+    while (op.type == "Identity" or _is_fake_quant(op)) and op.inputs:
         op = op.inputs[0].op
     return op.type in ("ReadVariableOp", "Const", "VariableV2", "VarHandleOp")
 
