@@ -36,8 +36,9 @@ Training structure (is_training=True, batch norm using batch statistics).
 DESIGN DECISION: the convolution is computed ONCE (PyTorch ConvBn style), not
 twice like contrib (a float layer for the batch statistics plus the folded
 one): a second convolution per layer would cost about as much as the whole
-quantization overhead of a training step (docs/performance.md quotes the figures). The 1/s that takes the layer back to the unfolded one is
-applied to the WEIGHTS (weight-sized), not to the layer output
+quantization overhead of a training step (docs/performance.md quotes the
+figures). The 1/s that takes the layer back to the unfolded one is applied
+to the WEIGHTS (weight-sized), not to the layer output
 (activation-sized): per output channel, layer(x, fq(w*s) / s) =
 layer(x, fq(w*s)) / s, so the layer output feeds the ORIGINAL batch norm
 unchanged. Without quantization this is the unfolded layer in value (up to

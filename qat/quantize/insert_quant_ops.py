@@ -8,8 +8,9 @@ input leaves the graph untouched.
 
 What gets a range, and under which name, is the planner's business: see
 `qat.quantize.plan` (tensor-centric rules from TFLite's integer op
-requirements, `qat.quantize.op_table`) and docs/what_gets_a_range.md. This module turns each `Plan` into a `QuantizerSpec` (bit width,
-symmetry, per-channel, devices), builds them, and reports the result.
+requirements, `qat.quantize.op_table`) and docs/what_gets_a_range.md. This
+module turns each `Plan` into a `QuantizerSpec` (bit width, symmetry,
+per-channel, devices), builds them, and reports the result.
 
 A tensor nothing consumes yet (a fetched final layer) still gets its
 quantizer, reading it and feeding nothing (a warning names it): export that
@@ -227,11 +228,10 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
         if k in indices:
             return
         plan = plans[k]
-        for j in depends(k):
-            add(j)
         spec = specs[k]
-        if plan.shared is not None:
-            spec.range_of = indices[position[id(plan.shared)]]
+        for j in depends(k):  # The plan whose range this one reads.
+            add(j)
+            spec.range_of = indices[j]
             spec.range_before_update = plan.before_update
         spec.statistics_of = tuple(plan.members)
         indices[k] = batch.add(spec, step, input_ref=input_ref)
