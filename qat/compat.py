@@ -8,10 +8,15 @@ TF 1.x scripts import the libraries qat replaces from `tensorflow.contrib`:
     tf.contrib.quantize.create_training_graph(quant_delay=2000)
 
 After one opt-in call, `qat.compat.install()`, these resolve to qat
-(`qat.create_training_graph`, ..., `qat.graph_editor`) and to tf_slim. Only
-`quantize`, `graph_editor` and `slim` are provided: any other
-`tensorflow.contrib.<name>` raises an ImportError (AttributeError for
-`tf.contrib.<name>`) that says so.
+(`qat.create_training_graph`, ..., `qat.graph_editor`) and to tf_slim, and the
+pure-Python parts of `training` (`HParams`, qat.compat_hparams, and tf_slim's
+training functions), `framework` (tf_slim's arg scopes and variable functions)
+and `layers` (tf_slim's layers, initializers and regularizers) are provided.
+Any other `tensorflow.contrib.<name>` raises an ImportError (AttributeError for
+`tf.contrib.<name>`) that says so, and so does a name those three lack.
+`install()` also gives back what TF1 scripts had from TF1 and NumPy 1
+(qat.compat_tf1): graph mode with ref variables and TF1 control flow, NumPy's
+removed aliases (`np.int`, ...) and `Operation._outputs`.
 
 `enable_slim()` makes tf-slim 1.1.0 work on TF 2.21: TensorFlow's
 `tensorflow.python.layers.normalization` (which `slim.batch_norm` uses) loads
@@ -28,20 +33,23 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import dis
 import types
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from absl import logging
 import tensorflow as tf
 
 import qat
+from qat import compat_hparams
+from qat import compat_tf1
 from qat import graph_editor
 
 __all__ = ["install", "uninstall", "installed", "enable_slim", "legacy_keras_enabled"]
 
 CONTRIB = "tensorflow.contrib"
 # The tensorflow.contrib modules qat.compat provides, and what they map to.
-PROVIDED = ("quantize", "graph_editor", "slim")
+PROVIDED = ("quantize", "graph_editor", "slim", "training", "framework", "layers")
 
 _LEGACY_LAYERS = "tf_keras.legacy_tf_layers"
 _LEGACY_LAYERS_SRC = "tf_keras.src.legacy_tf_layers"
@@ -59,8 +67,57 @@ _TARGETS = {f"{CONTRIB}.graph_editor": "qat.graph_editor",
 def _not_provided(name: str) -> str:
     return (f"{name} is not available: TensorFlow 2 has no tf.contrib, and "
             f"qat.compat provides only tensorflow.contrib.quantize, "
-            f"tensorflow.contrib.graph_editor and tensorflow.contrib.slim "
-            f"(tf_slim).")
+            f"tensorflow.contrib.graph_editor, tensorflow.contrib.slim "
+            f"(tf_slim) and the pure-Python parts of tensorflow.contrib."
+            f"{{training,framework,layers}} (see docs/coming_from_contrib.md).")
+
+
+# tensorflow.contrib modules qat builds from parts: name -> the tf_slim modules
+# whose __all__ it takes (the homes of contrib's code since TF 2). Their other
+# names are refused.
+_PARTS = {
+    "training": ("tf_slim.training.training", "tf_slim.training.evaluation"),
+    "framework": ("tf_slim.ops.arg_scope", "tf_slim.ops.variables"),
+    "layers": tuple(f"tf_slim.layers.{m}" for m in (
+        "layers", "initializers", "regularizers", "normalization", "optimizers",
+        "summaries", "rev_block_lib", "bucketization_op")),
+}
+
+
+class _PartialModule(types.ModuleType):
+    """A contrib module qat provides in part; a missing name says so."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        message = _not_provided(f"{self.__name__}.{name}")
+        if not legacy_keras_enabled():
+            message += (" Its tf_slim names need TF_USE_LEGACY_KERAS=1 set before "
+                        "tensorflow is imported.")
+        caller = sys._getframe(1)  # pylint: disable=protected-access
+        if caller.f_code.co_code[caller.f_lasti] == dis.opmap["IMPORT_FROM"]:
+            # `from <module> import <name>`: Python would replace an
+            # AttributeError by a generic "cannot import name".
+            raise ImportError(message, name=self.__name__)
+        raise AttributeError(message)
+
+
+def _build_partial(name: str) -> types.ModuleType:
+    module = _PartialModule(f"{CONTRIB}.{name}", f"tf.contrib.{name} as far as qat.compat "
+                            "provides it (pure Python; see docs/coming_from_contrib.md).")
+    names = []
+    if legacy_keras_enabled():
+        enable_slim()
+        for source in _PARTS[name]:
+            part = importlib.import_module(source)
+            for attr in getattr(part, "__all__", ()):
+                setattr(module, attr, getattr(part, attr))
+                names.append(attr)
+    if name == "training":
+        module.HParams = compat_hparams.HParams
+        names.append("HParams")
+    module.__all__ = sorted(set(names))
+    return module
 
 
 def legacy_keras_enabled() -> bool:
@@ -150,8 +207,8 @@ class _ContribModule(types.ModuleType):
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        if name == "slim":  # Loaded on first use: enable_slim may refuse.
-            return importlib.import_module(f"{CONTRIB}.slim")
+        if name in ("slim",) + tuple(_PARTS):  # Loaded on first use: enable_slim may refuse.
+            return importlib.import_module(f"{CONTRIB}.{name}")
         raise AttributeError(_not_provided(f"tf.contrib.{name}"))
 
     def __dir__(self) -> Sequence[str]:
@@ -197,12 +254,29 @@ class _AliasLoader(importlib.abc.Loader):
                 module.__dict__.pop(key, None)
 
 
+class _BuiltLoader(importlib.abc.Loader):
+    """Gives a module qat builds (`_build_partial`)."""
+
+    def __init__(self, build: Callable[[], types.ModuleType]):
+        self._build = build
+
+    def create_module(self, spec):
+        return self._build()
+
+    def exec_module(self, module):
+        pass
+
+
 class _ContribFinder(importlib.abc.MetaPathFinder):
     """Finds the submodules of the provided modules; refuses other contrib names."""
 
     def find_spec(self, fullname: str, path=None, target=None):
         if not fullname.startswith(CONTRIB + "."):
             return None
+        short = fullname[len(CONTRIB) + 1:]
+        if short in _PARTS:
+            return importlib.machinery.ModuleSpec(
+                fullname, _BuiltLoader(lambda: _build_partial(short)))
         for alias, real in _TARGETS.items():
             if fullname == alias or fullname.startswith(alias + "."):
                 real_name = real + fullname[len(alias):]
@@ -220,6 +294,7 @@ class _ContribFinder(importlib.abc.MetaPathFinder):
 
 
 _finder: Optional[_ContribFinder] = None
+_tf2_state: Optional[compat_tf1.Tf2State] = None
 
 
 def _tf_modules():
@@ -227,26 +302,45 @@ def _tf_modules():
     return [tf, tf.compat.v1]
 
 
-def install() -> None:
-    """Makes `tensorflow.contrib.{quantize,graph_editor,slim}` resolve to qat.
+def install(graph_mode: bool = True, numpy_aliases: bool = True) -> None:
+    """Gives TF1 scripts `tensorflow.contrib` (as far as qat can) and TF1's defaults.
 
     After it, `from tensorflow.contrib import quantize`,
     `import tensorflow.contrib.graph_editor as ge`,
     `from tensorflow.contrib import slim` and the attributes
-    `tf.contrib.quantize` / `tf.compat.v1.contrib.quantize` work. Also calls
+    `tf.contrib.quantize` / `tf.compat.v1.contrib.quantize` work, and so do the
+    pure-Python parts of `tensorflow.contrib.training` (`HParams`, tf_slim's
+    training functions), `.framework` and `.layers`. Also calls
     `enable_slim()` when TF_USE_LEGACY_KERAS=1 was set (otherwise slim's
-    first use raises enable_slim's error). Idempotent.
+    first use raises enable_slim's error), gives `tf.Operation` TF1's
+    `_outputs`, and, by default, TF1's graph mode and NumPy's removed
+    aliases (qat.compat_tf1). Idempotent.
+
+    Args:
+        graph_mode: TF1's defaults for `tf.compat.v1` code: eager execution
+            off, ref variables from `tf.compat.v1.get_variable`, TF1 control
+            flow outside `tf.function` (`compat_tf1.enable_tf1_graph_mode`).
+            `uninstall()` restores the previous settings.
+        numpy_aliases: bind `np.int`, `np.float`, `np.object`, `np.float_`
+            and the other names NumPy 1.24 and 2.0 removed to what they
+            meant (`compat_tf1.NUMPY_ALIASES`; names NumPy has are kept).
     """
-    global _finder
+    global _finder, _tf2_state
     if legacy_keras_enabled():
         enable_slim()
+    if graph_mode and _tf2_state is None:
+        _tf2_state = compat_tf1.enable_tf1_graph_mode()
+    if numpy_aliases:
+        compat_tf1.add_numpy_aliases()
+    compat_tf1.add_operation_outputs()
     if _finder is None:
         _finder = _ContribFinder()
         sys.meta_path.insert(0, _finder)
     contrib = sys.modules.get(CONTRIB)
     if not isinstance(contrib, _ContribModule):
         contrib = _ContribModule(CONTRIB, "tf.contrib as provided by qat.compat: "
-                                 "quantize, graph_editor and slim.")
+                                 "quantize, graph_editor, slim and parts of "
+                                 "training, framework and layers.")
         contrib.__path__ = []  # A package: its submodules go through the finder.
         contrib.quantize = _quantize_module()
         contrib.graph_editor = graph_editor
@@ -256,15 +350,25 @@ def install() -> None:
     for module in _tf_modules():
         setattr(module, "contrib", contrib)
     logging.info("qat.compat: tensorflow.contrib.{quantize,graph_editor,slim} "
-                 "resolve to qat and tf_slim")
+                 "resolve to qat and tf_slim%s", "; TF1 graph mode" if _tf2_state else "")
 
 
 def uninstall() -> None:
-    """Undoes `install()` (the slim aliases stay: they only add names)."""
-    global _finder
+    """Undoes `install()` (the slim aliases stay: they only add names).
+
+    Eager execution, resource variables and TF 2 control flow come back as
+    they were before `install()`; NumPy's aliases and `Operation._outputs`
+    go.
+    """
+    global _finder, _tf2_state
     if _finder is not None:
         sys.meta_path.remove(_finder)
         _finder = None
+    if _tf2_state is not None:
+        compat_tf1.restore_tf2_behavior(_tf2_state)
+        _tf2_state = None
+    compat_tf1.remove_numpy_aliases()
+    compat_tf1.remove_operation_outputs()
     for name in [n for n in sys.modules if n == CONTRIB or n.startswith(CONTRIB + ".")]:
         del sys.modules[name]
     for module in _tf_modules():
