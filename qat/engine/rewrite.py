@@ -36,9 +36,9 @@ from typing import Callable, Dict, List, Sequence, Tuple, Union
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import variable_pb2
-from tensorflow.python.ops import resource_variable_ops
 
 from qat.engine import node_batch
+from qat.engine import range_variables
 
 # A new tensor: a node of the batch (`name` or `name:<i>`), or an existing one.
 TensorRef = Union[str, tf.Tensor]
@@ -99,7 +99,7 @@ class Rewrite(object):
 
     def add_variable(self, variable_def: variable_pb2.VariableDef,
                      collections: Sequence[str]) -> None:
-        """A resource variable of the batch, registered in `collections`."""
+        """A variable of the batch (ref or resource), registered in `collections`."""
         self._variables.append((variable_def, list(collections)))
 
     def add_to_collection(self, name: str, value) -> None:
@@ -192,7 +192,7 @@ def _apply_checked(rewrite: Rewrite) -> Dict[str, tf.Operation]:
         op._set_attr(name, value)  # pylint: disable=protected-access
     with graph.control_dependencies(None):
         for variable_def, collections in rewrite._variables:  # pylint: disable=protected-access
-            variable = resource_variable_ops.ResourceVariable(variable_def=variable_def)
+            variable = range_variables.wrap(variable_def)
             for name in collections:
                 graph.add_to_collection(name, variable)
     for name, value in rewrite._collections:  # pylint: disable=protected-access

@@ -15,17 +15,15 @@ cluster; it counts the batches the cluster has trained on, which is the
 global step with asynchronous updates and R times the global step with
 `SyncReplicasOptimizer(replicas_to_aggregate=R)`. It does not depend on the
 optimizer being given the global step, and single-process graphs keep
-contrib's semantics and checkpoint name.
+contrib's semantics and checkpoint name. Like the range variables it is a ref
+or a resource variable as the model's are (`qat.engine.range_variables`).
 """
 from typing import Optional, Union
 
 import tensorflow as tf
-from tensorflow.core.framework import variable_pb2
-from tensorflow.python.ops import resource_variable_ops
-
 from qat.engine import marks
-
 from qat.engine import placement
+from qat.engine import range_variables
 
 QUANTIZATION_STEP_NAME = "fake_quantization_step"
 # Collection holding [variable, incremented step tensor] once created.
@@ -68,7 +66,8 @@ def get_or_create_quantization_step(graph: Optional[tf.Graph] = None) -> tf.Tens
             dtype=tf.int64,
             initializer=tf.compat.v1.zeros_initializer(),
             trainable=False,
-            use_resource=True,
+            use_resource=(range_variables.variable_kind(graph)
+                          == range_variables.RESOURCE),
             collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
         with graph.name_scope(QUANTIZATION_STEP_NAME + "/"):
             step = tf.identity(
@@ -83,8 +82,9 @@ def step_for(rewrite) -> Union[tf.Tensor, str]:
 
     Args:
       rewrite: a `qat.engine.rewrite.Rewrite`; when the graph has no counter
-        yet, the rewrite gets its ops (a resource variable
-        `fake_quantization_step`, its increment and the incremented value),
+        yet, the rewrite gets its ops (a variable `fake_quantization_step` of
+        the model's kind, `qat.engine.range_variables`, its increment and the
+        incremented value),
         added to the graph with the rewrite's other ops.
 
     Returns:
@@ -100,28 +100,19 @@ def step_for(rewrite) -> Union[tf.Tensor, str]:
     int64 = tf.int64
     # One counter for a whole cluster: with the model's variables.
     device = placement.shared_variable_device(rewrite.graph)
-    common = {marks.ATTR: marks.STEP_COUNTER, "device": device}
-    nodes.node(name, "VarHandleOp", dtype=int64, shape=tf.TensorShape([]),
-               shared_name=name, container="", **common)
+    emitter = range_variables.VariableEmitter.for_rewrite(rewrite)
+    mark = {marks.ATTR: marks.STEP_COUNTER}
     zero = nodes.const(name + "/Initializer/zeros", 0, int64, device=device)
-    nodes.node(name + "/Assign", "AssignVariableOp", [name, zero], dtype=int64, **common)
-    nodes.node(name + "/Read/ReadVariableOp", "ReadVariableOp", [name], dtype=int64,
-               **common)
-    one = nodes.const(name + "/AssignAddVariableOp/value", 1, int64, device=device)
-    add = nodes.node(name + "/AssignAddVariableOp", "AssignAddVariableOp", [name, one],
-                     dtype=int64, **common)
-    read = nodes.node(name + "/ReadVariableOp", "ReadVariableOp", [name], dtype=int64,
-                      control=[add], **common)
-    step = nodes.node(name + "/Identity", "Identity", [read], T=int64, **common) + ":0"
-    variable_def = variable_pb2.VariableDef(
-        variable_name=name + ":0", initializer_name=name + "/Assign",
-        snapshot_name=name + "/Read/ReadVariableOp:0",
-        initial_value_name=zero + ":0", trainable=False, is_resource=True)
+    variable_def = emitter.variable(name, int64, [], zero, device=device, **mark)
+    one = nodes.const(name + "/AssignAdd/value", 1, int64, device=device)
+    read = emitter.assign_add(name, name, one, device=device, **mark)
+    step = nodes.node(name + "/Identity", "Identity", [read], T=int64, device=device,
+                      **mark) + ":0"
 
     def register(ops):
         graph = rewrite.graph
         with graph.as_default():
-            variable = resource_variable_ops.ResourceVariable(variable_def=variable_def)
+            variable = range_variables.wrap(variable_def)
         graph.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, variable)
         graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, variable)
         graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, nodes.tensor(ops, step))

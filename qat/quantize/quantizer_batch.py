@@ -33,15 +33,16 @@ Speed: a rewrite adds ~30 ops per quantizer, and TensorFlow's Python op
 constructors cost about a millisecond each, which made MobileNetV2 rewrites
 take seconds. `QuantizerBatch` therefore writes the quantizers as NodeDefs and
 adds them to the graph with one `import_graph_def` (done in C++), then wraps
-the range variables in `tf.Variable` objects from their VariableDefs.
+the range variables in `tf.Variable` objects from their VariableDefs. The
+variables are of the model's kind, ref or resource
+(`qat.engine.range_variables`).
 """
 from typing import Dict, List, Optional, Union
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import variable_pb2
-
 from qat.engine import marks
+from qat.engine import range_variables
 from qat.engine import rewrite as rewrite_lib
 from qat.quantize import fake_quant_gradient
 from qat.quantize import range_updates
@@ -84,6 +85,8 @@ class QuantizerBatch(range_updates.RangeUpdates):
             self._owns_rewrite = True
         self._graph = self._rewrite.graph
         self._nodes = self._rewrite.nodes
+        # Range variables of the model's kind (ref or resource).
+        self._variables_emitter = range_variables.VariableEmitter.for_rewrite(self._rewrite)
         self._outputs: List[str] = []
         self._prefixes: List[str] = []
         self._shared: Dict[tuple, str] = {}
@@ -107,11 +110,6 @@ class QuantizerBatch(range_updates.RangeUpdates):
         device = self._device if device is None else device
         return self._nodes.node(name, op, inputs, device=device, control=control,
                                 **attrs)
-
-    def _var_node(self, name, op, inputs=(), control=(), **attrs) -> str:
-        """A NodeDef on the current quantizer's variable device."""
-        return self._node(name, op, inputs, control=control,
-                          device=self._variable_device, **attrs)
 
     def _const(self, name, value, dtype) -> str:
         return self._nodes.const(name, value, dtype, device=self._device)
@@ -149,21 +147,10 @@ class QuantizerBatch(range_updates.RangeUpdates):
     def _variable(self, prefix, name, shape, init, collections) -> str:
         base = prefix + "/" + name
         shape = tf.TensorShape(shape)
-        self._var_node(base, "VarHandleOp", dtype=_FLOAT, shape=shape,
-                       shared_name=base.encode(), container=b"")
         init_value = self._shared_const(
             "init", np.full(shape.as_list(), init, np.float32), tf.float32)
-        self._var_node(base + "/Assign", "AssignVariableOp", [base, init_value],
-                       dtype=_FLOAT)
-        self._var_node(base + "/Read/ReadVariableOp", "ReadVariableOp", [base],
-                       dtype=_FLOAT)
-        self._rewrite.add_variable(variable_pb2.VariableDef(
-            variable_name=base + ":0",
-            initializer_name=base + "/Assign",
-            snapshot_name=base + "/Read/ReadVariableOp:0",
-            initial_value_name=init_value + ":0",
-            trainable=False,
-            is_resource=True), collections)
+        self._rewrite.add_variable(self._variables_emitter.variable(
+            base, _FLOAT, shape, init_value, device=self._variable_device), collections)
         return base
 
     # --- Quantizers -----------------------------------------------------------
@@ -212,9 +199,12 @@ class QuantizerBatch(range_updates.RangeUpdates):
             min_var, max_var = self._variables[spec.range_of]
             if spec.is_training and not spec.range_before_update:
                 lo, hi = self._ranges[spec.range_of]
+            elif spec.is_training:
+                lo = self._variables_emitter.before_update(min_var, self._variable_device)
+                hi = self._variables_emitter.before_update(max_var, self._variable_device)
             else:
-                lo = min_var + "/Read/ReadVariableOp"
-                hi = max_var + "/Read/ReadVariableOp"
+                lo = self._variables_emitter.snapshot(min_var)
+                hi = self._variables_emitter.snapshot(max_var)
         else:
             var_shape = [int(channels)] if spec.per_channel else []
             min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
@@ -222,8 +212,8 @@ class QuantizerBatch(range_updates.RangeUpdates):
             if spec.is_training:
                 lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
             else:
-                lo = min_var + "/Read/ReadVariableOp"
-                hi = max_var + "/Read/ReadVariableOp"
+                lo = self._variables_emitter.snapshot(min_var)
+                hi = self._variables_emitter.snapshot(max_var)
         self._variables.append((min_var, max_var))
         self._ranges.append((lo, hi))
         fq_type = ("FakeQuantWithMinMaxVarsPerChannel" if spec.per_channel

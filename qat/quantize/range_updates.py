@@ -121,18 +121,14 @@ class RangeUpdates(object):
         return new_lo, new_hi
 
     def _ema(self, scope, var, value, rate):
-        # The variable's snapshot read is the value before the update: the
-        # update's data dependency on it orders the two.
-        read = var + "/Read/ReadVariableOp"
+        # The value before the update: the update's data dependency on it
+        # orders the two.
+        emitter = self._variables_emitter
+        read = emitter.before_update(var, self._variable_device)
         sub = self._node(scope + "/sub", "Sub", [read, value], T=_FLOAT)
         delta = self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
-        assign = self._var_node(scope + "/AssignSubVariableOp",
-                                "AssignSubVariableOp", [var, delta], dtype=_FLOAT)
-        return self._var_node(scope + "/ReadVariableOp_1", "ReadVariableOp",
-                              [var], control=[assign], dtype=_FLOAT)
+        return emitter.assign_sub(scope, var, delta, device=self._variable_device)
 
     def _assign(self, scope, var, value):
-        assign = self._var_node(scope, "AssignVariableOp", [var, value],
-                                dtype=_FLOAT)
-        return self._var_node(scope + "/ReadVariableOp", "ReadVariableOp",
-                              [var], control=[assign], dtype=_FLOAT)
+        return self._variables_emitter.assign(scope, var, value,
+                                              device=self._variable_device)

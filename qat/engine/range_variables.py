@@ -1,0 +1,207 @@
+"""The variables qat creates, of the model's kind: ref or resource.
+
+TF1 built ref variables (`VariableV2`, read through an `Identity`, updated by
+`Assign` / `AssignSub` / `AssignAdd`); TF 2 builds resource variables
+(`VarHandleOp`, `ReadVariableOp`, `AssignVariableOp` ...). Tools written for
+TF1 graphs handle only the first kind: TF's `freeze_graph` restoring from a
+GraphDef and a checkpoint wraps every checkpointed variable of the graph in a
+saveable and fails on a resource handle (`IndexError` in
+`ResourceVariableSaveable`). So qat's range variables and its
+`fake_quantization_step` take the kind of the model's variables:
+
+* ref variables when every variable of the model (the graph's variable ops
+  qat did not create) is a ref variable;
+* resource variables when the model has a resource variable (a graph that
+  mixes both kinds cannot go through TF1-only tools anyway, and resource
+  variables are TF 2's kind);
+* a graph without variables of its own follows the process's setting:
+  ref variables after `tf.compat.v1.disable_resource_variables()`, resource
+  variables otherwise.
+
+Checkpoints name variables, not their kind: ranges saved from one kind
+restore into the other.
+
+`VariableEmitter` writes the NodeDefs of either kind into a
+`qat.engine.node_batch.NodeBatch` and returns `VariableDef`s, which
+`qat.engine.rewrite.Rewrite.add_variable` wraps in the matching `tf.Variable`
+class after the import.
+"""
+from typing import Dict, Optional, Sequence
+
+import tensorflow as tf
+from tensorflow.core.framework import variable_pb2
+
+from qat.engine import marks
+
+REF = "ref"
+RESOURCE = "resource"
+
+REF_VARIABLE_TYPES = frozenset(["VariableV2", "Variable", "AutoReloadVariable"])
+RESOURCE_VARIABLE_TYPES = frozenset(["VarHandleOp"])
+
+_MEMO_KEY = "range_variables"
+
+
+def variable_kind(graph: tf.Graph) -> str:
+    """The kind of variable qat creates in `graph`: `REF` or `RESOURCE`.
+
+    Args:
+      graph: the model's graph.
+
+    Returns:
+      `REF` when the graph's own variables are all ref variables, or it has
+      none and resource variables are disabled in this process; `RESOURCE`
+      otherwise.
+    """
+    has_ref = False
+    for op in graph.get_operations():
+        if op.type in RESOURCE_VARIABLE_TYPES and not marks.made_by_qat(op):
+            return RESOURCE
+        if op.type in REF_VARIABLE_TYPES and not marks.made_by_qat(op):
+            has_ref = True
+    if has_ref:
+        return REF
+    return RESOURCE if tf.compat.v1.resource_variables_enabled() else REF
+
+
+def wrap(variable_def: variable_pb2.VariableDef) -> tf.Variable:
+    """The `tf.Variable` of an imported variable, of its kind."""
+    # pylint: disable=import-outside-toplevel
+    from tensorflow.python.ops import ref_variable
+    from tensorflow.python.ops import resource_variable_ops
+    if variable_def.is_resource:
+        return resource_variable_ops.ResourceVariable(variable_def=variable_def)
+    return ref_variable.RefVariable(variable_def=variable_def)
+
+
+class VariableEmitter(object):
+    """Writes variables of one kind, with their reads and updates, as NodeDefs.
+
+    Names follow TensorFlow's: `<name>`, `<name>/Assign` (initializer) and the
+    snapshot read `<name>/Read/ReadVariableOp` (resource) or `<name>/read`
+    (ref). Update methods return the node holding the updated value.
+
+    Args:
+      nodes: the `NodeBatch` the nodes go into.
+      kind: `REF` or `RESOURCE`.
+    """
+
+    def __init__(self, nodes, kind: str):
+        if kind not in (REF, RESOURCE):
+            raise ValueError("Unknown variable kind %r: use %r or %r." % (kind, REF, RESOURCE))
+        self._nodes = nodes
+        self.kind = kind
+        self._dtypes: Dict[str, tf.DType] = {}
+        self._before: Dict[str, str] = {}
+
+    @classmethod
+    def for_rewrite(cls, rewrite) -> "VariableEmitter":
+        """The emitter of `rewrite` (one per rewrite, kind from its graph)."""
+        if _MEMO_KEY not in rewrite.memo:
+            rewrite.memo[_MEMO_KEY] = cls(rewrite.nodes, variable_kind(rewrite.graph))
+        return rewrite.memo[_MEMO_KEY]
+
+    @property
+    def is_resource(self) -> bool:
+        return self.kind == RESOURCE
+
+    def variable(self, name: str, dtype: tf.DType, shape, initial_value: str,
+                 device: str = "", trainable: bool = False,
+                 **attrs) -> variable_pb2.VariableDef:
+        """Adds variable `name` (a unique name) initialised from `initial_value`.
+
+        Args:
+          name: the variable op's name (reserved with `unique_name`).
+          dtype: its dtype.
+          shape: its shape.
+          initial_value: the node (`name` or `name:<i>`) of its initial value.
+          device: the device of its ops.
+          trainable: the VariableDef's `trainable`.
+          **attrs: further attributes of every op (e.g. the `_qat` mark).
+
+        Returns:
+          Its VariableDef, for `Rewrite.add_variable`.
+        """
+        shape = tf.TensorShape(shape)
+        node = self._nodes.node
+        self._dtypes[name] = dtype
+        if self.is_resource:
+            node(name, "VarHandleOp", device=device, dtype=dtype, shape=shape,
+                 shared_name=name.encode(), container=b"", **attrs)
+            node(name + "/Assign", "AssignVariableOp", [name, initial_value],
+                 device=device, dtype=dtype, **attrs)
+        else:
+            node(name, "VariableV2", device=device, dtype=dtype, shape=shape,
+                 shared_name=b"", container=b"", **attrs)
+            node(name + "/Assign", "Assign", [name, initial_value], device=device,
+                 T=dtype, validate_shape=True, use_locking=True, **attrs)
+        snapshot = self._read(self.snapshot(name), name, device, (), attrs)
+        initial = initial_value if ":" in initial_value else initial_value + ":0"
+        return variable_pb2.VariableDef(
+            variable_name=name + ":0", initializer_name=name + "/Assign",
+            snapshot_name=snapshot + ":0", initial_value_name=initial,
+            trainable=trainable, is_resource=self.is_resource)
+
+    def snapshot(self, variable: str) -> str:
+        """The variable's snapshot read (what eval graphs and the Saver read)."""
+        return variable + ("/Read/ReadVariableOp" if self.is_resource else "/read")
+
+    def before_update(self, variable: str, device: str = "", **attrs) -> str:
+        """The value before this run's update, for the update and other readers.
+
+        Resource variables: the snapshot read (an update copies a buffer that
+        is still read). Ref variables update in place, so readers get a copy
+        (`Snapshot`) that every update of the variable waits for.
+        """
+        if self.is_resource:
+            return self.snapshot(variable)
+        if variable not in self._before:
+            self._before[variable] = self._nodes.node(
+                variable + "/before_update", "Snapshot", [variable], device=device,
+                T=self._dtypes[variable], **attrs)
+        return self._before[variable]
+
+    def assign(self, scope: str, variable: str, value: str, device: str = "",
+               **attrs) -> str:
+        """`variable = value`; returns the node of the updated value."""
+        return self._update(scope, "Assign", variable, value, device, attrs)
+
+    def assign_sub(self, scope: str, variable: str, delta: str, device: str = "",
+                   **attrs) -> str:
+        """`variable -= delta`; returns the node of the updated value."""
+        return self._update(scope, "AssignSub", variable, delta, device, attrs)
+
+    def assign_add(self, scope: str, variable: str, delta: str, device: str = "",
+                   **attrs) -> str:
+        """`variable += delta`; returns the node of the updated value."""
+        return self._update(scope, "AssignAdd", variable, delta, device, attrs)
+
+    def _update(self, scope: str, op: str, variable: str, value: str, device: str,
+                attrs: dict) -> str:
+        dtype = self._dtypes[variable]
+        node = self._nodes.node
+        if self.is_resource:
+            # Names as tf.compat.v1's resource-variable methods give them.
+            name = scope if op == "Assign" else scope + "/" + op + "VariableOp"
+            update = node(name, op + "VariableOp", [variable, value], device=device,
+                          dtype=dtype, **attrs)
+            read = scope + ("/ReadVariableOp" if op == "Assign" else "/ReadVariableOp_1")
+            return self._read(read, variable, device, [update], attrs)
+        control = [self.before_update(variable, device, **attrs)]
+        extra = {"validate_shape": True} if op == "Assign" else {}
+        name = scope if op == "Assign" else scope + "/" + op
+        update = node(name, op, [variable, value], device=device, control=control,
+                      T=dtype, use_locking=False, **extra, **attrs)
+        # The Identity reads the ref output, as a ref variable's `assign_sub(...)`
+        # result is read.
+        return node(name + "/read", "Identity", [update], device=device, T=dtype, **attrs)
+
+    def _read(self, name: str, variable: str, device: str, control: Sequence[str],
+              attrs: dict) -> str:
+        dtype = self._dtypes[variable]
+        if self.is_resource:
+            return self._nodes.node(name, "ReadVariableOp", [variable], device=device,
+                                    control=control, dtype=dtype, **attrs)
+        return self._nodes.node(name, "Identity", [variable], device=device,
+                                control=control, T=dtype, **attrs)
+
