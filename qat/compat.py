@@ -117,6 +117,7 @@ def _build_partial(name: str) -> types.ModuleType:
         module.HParams = compat_hparams.HParams
         names.append("HParams")
     module.__all__ = sorted(set(names))
+    module.__path__ = []  # A package: `import <module>.python...` reaches the finder, which refuses it.
     return module
 
 
@@ -276,7 +277,7 @@ class _ContribFinder(importlib.abc.MetaPathFinder):
         short = fullname[len(CONTRIB) + 1:]
         if short in _PARTS:
             return importlib.machinery.ModuleSpec(
-                fullname, _BuiltLoader(lambda: _build_partial(short)))
+                fullname, _BuiltLoader(lambda: _build_partial(short)), is_package=True)
         for alias, real in _TARGETS.items():
             if fullname == alias or fullname.startswith(alias + "."):
                 real_name = real + fullname[len(alias):]

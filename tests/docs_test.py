@@ -57,7 +57,7 @@ _EPILOGUES = {
     """,
     "docs/coming_from_contrib.md": """
         import tensorflow as _tf
-        for _name in ("tensorflow.contrib.layers", "tensorflow.contrib.learn"):
+        for _name in ("tensorflow.contrib.rnn", "tensorflow.contrib.learn"):
             try:
                 if _name.endswith("learn"):
                     _tf.contrib.learn

@@ -3,9 +3,9 @@
 Condensed from memory_saving_gradients.py: `gradients(ys, xs, checkpoints)`
 recomputes the forward pass between checkpoints with the contrib graph
 editor. Run as a script it checks the gradients against tf.gradients.
-The one line after the docstring is the only one added for TF 2, apart from
-`op.outputs[0]` where the upstream file reads TF 1's private `op._outputs[0]`
-(TF 2's Operation has no `_outputs`; nothing qat can provide).
+The one line after the docstring is the only one added for TF 2: it also
+gives TF 2's Operation TF 1's private `op._outputs`, which the upstream file
+reads.
 """
 import qat.compat; qat.compat.install()
 import sys
@@ -83,7 +83,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="collection", **kwargs):
     ge.reroute_ts(list(checkpoints_disconnected.values()),
                   list(checkpoints_disconnected.keys()), can_modify=copied_ops)
 
-    copied_ys = [info._transformed_ops[y.op].outputs[0] for y in ys]
+    copied_ys = [info._transformed_ops[y.op]._outputs[0] for y in ys]
     boundary = list(checkpoints_disconnected.values())
     dv = tf_gradients(ys=copied_ys, xs=boundary + xs, grad_ys=grad_ys, **kwargs)
     d_checkpoints = {r: dr for r, dr in zip(checkpoints_disconnected.keys(),
@@ -105,7 +105,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="collection", **kwargs):
         copied_ops = info._transformed_ops.values()
         ge.reroute_ts(checkpoints_disconnected_other, checkpoints_other,
                       can_modify=copied_ops)
-        boundary = [info._transformed_ops[r.op].outputs[0] for r in ts]
+        boundary = [info._transformed_ops[r.op]._outputs[0] for r in ts]
         substitute_backprops = [d_checkpoints[r] for r in ts]
         dv = tf_gradients(boundary, checkpoints_disconnected_other + xs,
                           grad_ys=substitute_backprops, **kwargs)
