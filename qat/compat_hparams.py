@@ -198,9 +198,11 @@ class HParams:
     set_from_map = override_from_dict
 
     def set_model_structure(self, model_structure: Any) -> None:
+        """Keeps `model_structure` (any object) for `get_model_structure`."""
         self._model_structure = model_structure
 
     def get_model_structure(self) -> Any:
+        """The object given as `model_structure`, or None."""
         return self._model_structure
 
     def values(self) -> Dict[str, Any]:

@@ -36,7 +36,8 @@ from qat import export  # pylint: disable=g-import-not-at-top
 from qat.export.parity import run_tflite  # pylint: disable=g-import-not-at-top
 import zoo_util  # pylint: disable=g-import-not-at-top
 
-qat.compat.install()
+# Graph mode below, with resource variables (zoo_util reads them): not install()'s TF1 defaults.
+qat.compat.install(graph_mode=False)
 from tensorflow.contrib import quantize as contrib_quantize  # pylint: disable=g-import-not-at-top
 from tensorflow.contrib import slim  # pylint: disable=g-import-not-at-top
 from tensorflow.contrib.slim.nets import inception  # pylint: disable=g-import-not-at-top
