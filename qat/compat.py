@@ -94,12 +94,20 @@ class _PartialModule(types.ModuleType):
         if not legacy_keras_enabled():
             message += (" Its tf_slim names need TF_USE_LEGACY_KERAS=1 set before "
                         "tensorflow is imported.")
-        caller = sys._getframe(1)  # pylint: disable=protected-access
-        if caller.f_code.co_code[caller.f_lasti] == dis.opmap["IMPORT_FROM"]:
+        if _called_by_import_from():
             # `from <module> import <name>`: Python would replace an
             # AttributeError by a generic "cannot import name".
             raise ImportError(message, name=self.__name__)
         raise AttributeError(message)
+
+
+def _called_by_import_from() -> bool:
+    """Whether the frame that asked for an attribute is running IMPORT_FROM."""
+    try:
+        caller = sys._getframe(2)  # pylint: disable=protected-access
+        return caller.f_code.co_code[caller.f_lasti] == dis.opmap["IMPORT_FROM"]
+    except (AttributeError, IndexError, KeyError, ValueError):
+        return False
 
 
 def _build_partial(name: str) -> types.ModuleType:
