@@ -123,7 +123,8 @@ class HParams:
         if isinstance(value, (list, tuple)):
             kinds = {type(v) for v in value}
             if len(kinds) > 1:
-                raise ValueError(f"HParams: the list {name!r} mixes types {sorted(k.__name__ for k in kinds)}")
+                names = sorted(k.__name__ for k in kinds)
+                raise ValueError(f"HParams: the list {name!r} mixes types {names}")
             self._types[name] = kinds.pop() if kinds else type(None)
             self._lists[name] = True
         else:

@@ -127,7 +127,8 @@ def add_operation_outputs() -> bool:
     """
     if hasattr(ops.Operation, "_outputs"):
         return False
-    ops.Operation._outputs = property(_outputs, doc="TF1's Operation._outputs: list(op.outputs).")  # pylint: disable=protected-access
+    outputs = property(_outputs, doc="TF1's Operation._outputs: list(op.outputs).")
+    ops.Operation._outputs = outputs  # pylint: disable=protected-access
     return True
 
 
