@@ -147,6 +147,7 @@ class ContribPartsTest(absltest.TestCase):
         self.assertIs(contrib_layers.variance_scaling_initializer,
                       tf_slim.variance_scaling_initializer)
         self.assertIs(tf1.contrib.layers.conv2d, tf_slim.conv2d)
+        self.assertIs(tf.contrib.framework.add_arg_scope, tf_slim.add_arg_scope)  # 2019 NASNet's use
         self.assertIn("HParams", dir(contrib_training))
 
     def test_missing_names_say_so(self):
