@@ -75,7 +75,7 @@ class SlimScriptsTest(absltest.TestCase):
                      "--save_summaries_secs=0", "--save_interval_secs=0", *_NET_FLAGS, *flags],
                     self.workdir)
 
-    def test_scripts_differ_by_the_install_line_only(self):
+    def test_one_added_line_per_script(self):
         for name in _SCRIPTS:
             with open(os.path.join(_SLIM, name)) as f:
                 self.assertEqual(f.read().count(_INSTALL_LINE), 1, name)
