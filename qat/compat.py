@@ -114,8 +114,8 @@ def _build_partial(name: str) -> types.ModuleType:
     module = _PartialModule(f"{CONTRIB}.{name}", f"tf.contrib.{name} as far as qat.compat "
                             "provides it (pure Python; see docs/coming_from_contrib.md).")
     names = []
-    if legacy_keras_enabled():
-        enable_slim()
+    if legacy_keras_enabled() or name != "training":  # HParams alone needs no tf_keras.
+        enable_slim()  # Raises, saying what to set, without TF_USE_LEGACY_KERAS=1.
         for source in _PARTS[name]:
             part = importlib.import_module(source)
             for attr in getattr(part, "__all__", ()):

@@ -298,6 +298,18 @@ class EnableSlimTest(absltest.TestCase):
             with self.assertRaisesRegex(RuntimeError, "TF_USE_LEGACY_KERAS=1"):
                 from tensorflow.contrib import slim  # pylint: disable=g-import-not-at-top,unused-import
 
+    def test_contrib_parts_without_legacy_keras(self):
+        compat.install(graph_mode=False)
+        self.addCleanup(compat.uninstall)
+        with mock.patch.dict(os.environ, {"TF_USE_LEGACY_KERAS": "0"}):
+            with self.assertRaisesRegex(RuntimeError, "TF_USE_LEGACY_KERAS=1"):
+                from tensorflow.contrib import layers  # pylint: disable=g-import-not-at-top,unused-import
+            # HParams needs no tf_keras; tf_slim's training functions say what they need.
+            from tensorflow.contrib import training  # pylint: disable=g-import-not-at-top
+            self.assertIs(training.HParams, compat_hparams.HParams)
+            with self.assertRaisesRegex(AttributeError, "need TF_USE_LEGACY_KERAS=1"):
+                _ = training.create_train_op
+
 
 class ScriptsTest(absltest.TestCase):
     """The TF1 scripts, run unchanged but for the install line."""
