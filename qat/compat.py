@@ -27,13 +27,13 @@ modules it imports (`ops.Tensor`, `control_flow_ops.cond`, ...): each missing
 one is added back, pointing at its current home (nothing TensorFlow has is
 replaced).
 """
+import dis
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
-import dis
 import types
 from typing import Callable, Optional, Sequence
 
