@@ -215,9 +215,9 @@ class VariableEmitter(object):
         name = scope if op == "Assign" else scope + "/" + op
         update = node(name, op, [variable, value], device=device, control=control,
                       T=dtype, use_locking=False, **extra, **attrs)
-        # The Identity reads the ref output, as a ref variable's `assign_sub(...)`
-        # result is read.
-        return node(name + "/read", "Identity", [update], device=device, T=dtype, **attrs)
+        # Read after the update, from the variable itself (as the resource
+        # read is), so readers of the value find the variable behind it.
+        return self._read(name + "/read", variable, device, [update], attrs)
 
     def _read(self, name: str, variable: str, device: str, control: Sequence[str],
               attrs: dict) -> str:
