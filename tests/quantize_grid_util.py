@@ -195,19 +195,25 @@ class GridChecks(object):
             out = _output(fq)
             self.assertEqual({c.name for c in out.consumers()},
                              {c.name for c in consumers}, prefix)
+            # The range variables are of the model's kind.
+            ref = variables != "resource"
+            read_type, variable_type = (("Identity", "VariableV2") if ref
+                                        else ("ReadVariableOp", "VarHandleOp"))
+            assign_types = (("Assign", "AssignSub") if ref
+                            else ("AssignVariableOp", "AssignSubVariableOp"))
             for i, var in ((1, "min"), (2, "max")):
                 read = fq.inputs[i].op
-                self.assertEqual(read.type, "ReadVariableOp", prefix)
+                self.assertEqual(read.type, read_type, prefix)
                 self.assertEqual(read.inputs[0].op.name, prefix + "/" + var)
+                self.assertEqual(read.inputs[0].op.type, variable_type, prefix)
                 if training:  # The range feeds after its update.
                     self.assertLen(read.control_inputs, 1)
-                    self.assertIn(read.control_inputs[0].type,
-                                  ("AssignVariableOp", "AssignSubVariableOp"))
+                    self.assertIn(read.control_inputs[0].type, assign_types)
                 else:  # Eval: the variable's value, nothing updates it.
                     self.assertEmpty(read.control_inputs)
                     self.assertEqual(
                         [c.type for c in read.inputs[0].consumers()
-                         if c.type.startswith("Assign")], ["AssignVariableOp"])
+                         if c.type.startswith("Assign")], [assign_types[0]])
             if delay:
                 select = out.op
                 self.assertEqual(select.type, "Select", prefix)

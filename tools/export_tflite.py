@@ -9,6 +9,10 @@ Every model is checked to be fully integer (a float op left over is an error
 naming the TF op that had no range); --parity compares the models with the
 graph on random or given inputs.
 
+--converter=saved_model writes <output_dir>/<name>_saved_model, a TF 2
+SavedModel with a serving_default signature (TF Serving loads it), and converts
+it with TF 2's tf.lite.TFLiteConverter.from_saved_model (int8 only).
+
 Exit status: 0 done; 1 bad input or a model not fully integer; 3 a parity
 threshold missed with --fail_on_parity.
 """
@@ -27,7 +31,12 @@ flags.DEFINE_string("checkpoint", None,
                     "Checkpoint prefix or directory (not needed for a frozen graph).")
 flags.DEFINE_list("inputs", ["input"], "Input tensor names.")
 flags.DEFINE_list("outputs", None, "Output tensor names.")
-flags.DEFINE_enum("flavour", "both", ["uint8", "int8", "both"], "Which TFLite model(s).")
+flags.DEFINE_enum("flavour", "both", ["uint8", "int8", "both"],
+                  "Which TFLite model(s); with --converter=saved_model, int8 ('both' means int8).")
+flags.DEFINE_enum("converter", "session", ["session", "saved_model"],
+                  "'session': TF1's converter on the frozen graph; 'saved_model': write a TF 2 "
+                  "SavedModel (<output_dir>/<name>_saved_model) and convert it with TF 2's "
+                  "TFLiteConverter.from_saved_model (int8 only).")
 flags.DEFINE_string("output_dir", "out/tflite", "Directory for <name>_<flavour>.tflite.")
 flags.DEFINE_string("name", "model", "File name stem of the models.")
 flags.DEFINE_list("input_range", None,
@@ -96,6 +105,8 @@ def main(argv):
                           ",".join(FLAGS.input_range))
             return 1
     flavours = ["uint8", "int8"] if FLAGS.flavour == "both" else [FLAGS.flavour]
+    if FLAGS.converter == "saved_model" and FLAGS.flavour == "both":
+        flavours = ["int8"]
     try:
         start = time.perf_counter()
         logging.info("freezing %s with checkpoint %s", FLAGS.graph, FLAGS.checkpoint)
@@ -108,7 +119,7 @@ def main(argv):
             flavours=flavours, name=FLAGS.name,
             input_ranges={n: input_range for n in FLAGS.inputs} if input_range else None,
             int8_io=FLAGS.int8_io, require_integer=not FLAGS.allow_float,
-            parity_inputs=parity_inputs)
+            parity_inputs=parity_inputs, converter=FLAGS.converter)
     except (export.ExportError, ValueError) as e:
         logging.error("%s", e)
         return 1
@@ -118,6 +129,8 @@ def main(argv):
         status = "fully integer" if not float_ops else f"{len(float_ops)} FLOAT OP(S)"
         print(f"{flavour}: {result.path}  {result.size_bytes} bytes  {status}  "
               f"ops {result.report.op_counts()}  converted in {result.convert_seconds:.2f} s")
+        if result.saved_model_dir:
+            print(f"  converted from the SavedModel {result.saved_model_dir}")
         for f in float_ops:
             print(f"  {f.describe()}")
         if FLAGS.list_ops:

@@ -26,7 +26,8 @@ restore into the other.
 `qat.engine.rewrite.Rewrite.add_variable` wraps in the matching `tf.Variable`
 class after the import.
 """
-from typing import Dict, Optional, Sequence
+import sys
+from typing import Dict, Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import variable_pb2
@@ -65,13 +66,35 @@ def variable_kind(graph: tf.Graph) -> str:
 
 
 def wrap(variable_def: variable_pb2.VariableDef) -> tf.Variable:
-    """The `tf.Variable` of an imported variable, of its kind."""
+    """The `tf.Variable` of an imported variable, of its kind, known to Keras.
+
+    Call it with the variable's graph as the default graph.
+    """
     # pylint: disable=import-outside-toplevel
     from tensorflow.python.ops import ref_variable
     from tensorflow.python.ops import resource_variable_ops
     if variable_def.is_resource:
-        return resource_variable_ops.ResourceVariable(variable_def=variable_def)
-    return ref_variable.RefVariable(variable_def=variable_def)
+        variable = resource_variable_ops.ResourceVariable(variable_def=variable_def)
+    else:
+        variable = ref_variable.RefVariable(variable_def=variable_def)
+    track_for_keras(variable)
+    return variable
+
+
+def track_for_keras(variable: tf.Variable) -> None:
+    """Has tf_keras's graph-mode session initialise `variable` (when loaded).
+
+    In graph mode tf_keras initialises, when it hands out its session (`fit`,
+    `predict`, `get_session`), the variables it tracks and no others; qat's
+    variables join them, so `model.fit` after a rewrite needs no
+    `global_variables_initializer()`. Keras only initialises variables that
+    are not initialised yet: a restored range keeps its value. tf_keras is not
+    imported here; a process without it has nothing to tell.
+    """
+    backend = sys.modules.get("tf_keras.src.backend")
+    track = getattr(backend, "track_variable", None)
+    if track is not None:
+        track(variable)
 
 
 class VariableEmitter(object):
@@ -192,9 +215,9 @@ class VariableEmitter(object):
         name = scope if op == "Assign" else scope + "/" + op
         update = node(name, op, [variable, value], device=device, control=control,
                       T=dtype, use_locking=False, **extra, **attrs)
-        # The Identity reads the ref output, as a ref variable's `assign_sub(...)`
-        # result is read.
-        return node(name + "/read", "Identity", [update], device=device, T=dtype, **attrs)
+        # Read after the update, from the variable itself (as the resource
+        # read is), so readers of the value find the variable behind it.
+        return self._read(name + "/read", variable, device, [update], attrs)
 
     def _read(self, name: str, variable: str, device: str, control: Sequence[str],
               attrs: dict) -> str:

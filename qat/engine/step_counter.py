@@ -72,6 +72,7 @@ def get_or_create_quantization_step(graph: Optional[tf.Graph] = None) -> tf.Tens
         with graph.name_scope(QUANTIZATION_STEP_NAME + "/"):
             step = tf.identity(
                 tf.compat.v1.assign_add(variable, 1), name="Identity")
+    range_variables.track_for_keras(variable)
     graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, variable)
     graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, step)
     return step

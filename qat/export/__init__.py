@@ -5,6 +5,8 @@
   inspect  -> operators and tensor types; float ops named back to TF ops
   parity   -> TFLite vs eval graph: top-1 agreement, difference in output steps
   pipeline -> export_tflite: all of the above in one call
+  saved_model -> the frozen eval graph as a TF 2 SavedModel (serving
+              signature), converted with TF 2's from_saved_model
 """
 from qat.export.convert import FLAVOURS
 from qat.export.convert import check_flavour
@@ -41,6 +43,8 @@ from qat.export.parity import run_graph
 from qat.export.parity import run_tflite
 from qat.export.pipeline import ExportedModel
 from qat.export.pipeline import export_tflite
+from qat.export.saved_model import convert_saved_model
+from qat.export.saved_model import write_saved_model
 
 __all__ = [
     "FLAVOURS", "CheckpointError", "ConversionError", "ExportError", "ExportedModel",
@@ -48,7 +52,8 @@ __all__ = [
     "ParityError", "ParityReport",
     "TensorNameError", "check_finite", "check_flavour", "check_fully_integer", "check_parity",
     "check_runnable", "check_tensor_names", "checkpoint_prefix", "compare_outputs",
-    "convert_frozen_graph", "describe_model", "export_tflite", "find_float_ops",
+    "convert_frozen_graph", "convert_saved_model", "describe_model", "export_tflite", "find_float_ops",
     "freeze_graph_file", "freeze_session", "input_range_from_fake_quant", "load_graph_file",
     "parity_failures", "per_channel_fake_quants", "quantized_input_stats", "run_graph", "run_tflite", "write_model",
+    "write_saved_model",
 ]

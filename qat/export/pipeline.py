@@ -1,5 +1,10 @@
 """One call from an eval graph to checked .tflite files: freeze, convert,
-verify integer-only, optionally compare with the graph."""
+verify integer-only, optionally compare with the graph.
+
+Two converters: TF1's `TFLiteConverter.from_session` on the frozen graph
+(`converter="session"`, uint8 and int8), or TF 2's
+`TFLiteConverter.from_saved_model` on a TF 2 SavedModel written from it
+(`converter="saved_model"`, int8; `qat.export.saved_model`)."""
 import dataclasses
 import os
 import time
@@ -9,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from qat.export import convert, freeze, inspect, parity
+from qat.export import saved_model as saved_model_lib
 from qat.export.errors import ExportError
 
 
@@ -21,6 +27,7 @@ class ExportedModel:
     report: "inspect.ModelReport"
     parity: Optional["parity.ParityReport"]
     convert_seconds: float
+    saved_model_dir: Optional[str] = None  # The SavedModel it was converted from.
 
     @property
     def size_bytes(self) -> int:
@@ -42,7 +49,8 @@ def export_tflite(input_names: Sequence[str],
                   require_integer: bool = True,
                   parity_inputs: Optional[np.ndarray] = None,
                   min_top1_agreement: Optional[float] = None,
-                  max_diff_steps: Optional[float] = None) -> Dict[str, ExportedModel]:
+                  max_diff_steps: Optional[float] = None,
+                  converter: str = "session") -> Dict[str, ExportedModel]:
     """Exports an eval graph (from create_eval_graph) to integer TFLite models.
 
     Give one of: a live `sess` (its variables hold the trained values), a
@@ -66,6 +74,10 @@ def export_tflite(input_names: Sequence[str],
       require_integer: raise FloatOpError if an op is left in float.
       parity_inputs: if given, run the models and the graph on these inputs.
       min_top1_agreement, max_diff_steps: parity thresholds (ParityError).
+      converter: "session" (TF1's converter on the frozen graph) or
+        "saved_model": writes `<output_dir>/<name>_saved_model`, a TF 2
+        SavedModel with a `serving_default` signature, and converts it with
+        `tf.lite.TFLiteConverter.from_saved_model` (int8 flavour only).
 
     Returns:
       {flavour: ExportedModel}.
@@ -79,6 +91,11 @@ def export_tflite(input_names: Sequence[str],
     for flavour in flavours:
         if flavour not in convert.FLAVOURS:
             raise ExportError(f"unknown flavour {flavour!r}: use one of {convert.FLAVOURS}")
+    if converter not in ("session", "saved_model"):
+        raise ExportError(f"unknown converter {converter!r}: use 'session' or 'saved_model'")
+    if converter == "saved_model" and list(flavours) != ["int8"]:
+        raise ExportError("converter='saved_model' (TF 2's converter) makes int8 models only: "
+                          "pass flavours=['int8'], or converter='session' for uint8")
     if sess is not None:
         freeze.check_tensor_names(sess.graph, input_names, "input")
         frozen = freeze.freeze_session(sess, output_names)
@@ -93,11 +110,19 @@ def export_tflite(input_names: Sequence[str],
     for flavour in flavours:  # uint8 of per-channel weights: refused before any file.
         convert.check_flavour(frozen, flavour)
     results = {}
+    saved_model_dir = None
     for flavour in flavours:
         start = time.perf_counter()
-        model = convert.convert_frozen_graph(frozen, input_names, output_names, flavour,
-                                             input_ranges=input_ranges, int8_io=int8_io,
-                                             default_input_range=default_input_range)
+        if converter == "saved_model":
+            saved_model_dir = saved_model_lib.write_saved_model(
+                frozen, input_names, output_names,
+                os.path.join(output_dir, f"{name}_saved_model"), input_ranges=input_ranges,
+                default_input_range=default_input_range)
+            model = saved_model_lib.convert_saved_model(saved_model_dir, int8_io=int8_io)
+        else:
+            model = convert.convert_frozen_graph(frozen, input_names, output_names, flavour,
+                                                 input_ranges=input_ranges, int8_io=int8_io,
+                                                 default_input_range=default_input_range)
         seconds = time.perf_counter() - start
         path = convert.write_model(model, os.path.join(output_dir, f"{name}_{flavour}.tflite"))
         if require_integer:
@@ -111,5 +136,6 @@ def export_tflite(input_names: Sequence[str],
             parity_report = parity.check_parity(
                 model, frozen, input_names[0], output_names[0], parity_inputs,
                 min_top1_agreement=min_top1_agreement, max_diff_steps=max_diff_steps)
-        results[flavour] = ExportedModel(flavour, path, model, report, parity_report, seconds)
+        results[flavour] = ExportedModel(flavour, path, model, report, parity_report, seconds,
+                                         saved_model_dir)
     return results

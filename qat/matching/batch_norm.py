@@ -272,9 +272,12 @@ def _function_batch_norms(graph: tf.Graph) -> List[Tuple[str, str]]:
                     found.append((
                         name,
                         "inside the function %s of the %s op %s, which the "
-                        "fold cannot edit; build the model with training=True "
-                        "or False as a Python bool (not a tensor) so batch "
-                        "norms are not wrapped in control flow"
+                        "fold cannot edit (a tf_keras learning phase that is "
+                        "not fixed); build the model with a fixed learning "
+                        "phase: tf.compat.v1.keras.backend.set_learning_phase(1) "
+                        "(0 for the eval graph) before building it, or "
+                        "training=True or False as a Python bool (not a "
+                        "tensor), so batch norms are not wrapped in control flow"
                         % (fname, op.type, op.name)))
                 for attr in node.attr.values():
                     if attr.HasField("func"):
