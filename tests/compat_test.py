@@ -187,6 +187,20 @@ class Tf1DefaultsTest(absltest.TestCase):
         self.assertTrue(tf1.control_flow_v2_enabled())
         self.assertEqual(float(tf.constant(1.0) + 1.0), 2.0)
 
+    def test_keras_batch_norm_behind_a_tf1_cond_says_what_to_do(self):
+        compat.install()
+        try:
+            with tf.Graph().as_default() as graph:
+                inputs = tf1.keras.Input((8, 8, 1))
+                net = tf1.keras.layers.Conv2D(4, 3)(inputs)
+                tf1.keras.layers.BatchNormalization()(net)  # Learning phase: a tensor.
+                result = qat.fold_batch_norms(graph, is_training=True)
+        finally:
+            compat.uninstall()
+        self.assertNotEmpty(result.skipped)
+        for skipped in result.skipped:
+            self.assertIn("set_learning_phase(1)", skipped.reason)
+
     def test_graph_mode_can_be_left_out(self):
         compat.install(graph_mode=False, numpy_aliases=False)
         self.addCleanup(compat.uninstall)

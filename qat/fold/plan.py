@@ -77,6 +77,13 @@ def plan_fold(bn: bn_lib.BatchNorm, is_training: bool) -> FoldPlan:
     Raises:
       CannotFold: with the reason, if it cannot be folded.
     """
+    if bn.input.op.type in ("Switch", "RefSwitch"):
+        raise CannotFold(
+            "it reads its input through %s, a TF1 tf.cond on a tensor (a tf_keras learning phase "
+            "that is not fixed, or is_training as a tensor), which hides the layer before it; build "
+            "the model with a fixed learning phase: tf.compat.v1.keras.backend.set_learning_phase(1) "
+            "(0 for the eval graph) before building it, or training=True or False as a Python "
+            "bool" % bn.input.op.name)
     match = _LAYER_CHAIN_MATCHER.match_op(bn.input.op)
     if match is None or bn.input.value_index != 0:
         raise NoLayerBefore("%s it (input %s)" % (_NO_LAYER, bn.input.name))
