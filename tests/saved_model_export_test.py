@@ -156,6 +156,27 @@ class SavedModelExportTest(absltest.TestCase):
             export.export_tflite(["images"], ["logits_out"], os.path.join(self.tmp, "u"),
                                  sess=self.sess, flavours=["uint8"], converter="saved_model")
 
+    def test_graph_mode_gets_tf1_converter(self):
+        """Why TF1 scripts' from_saved_model keeps float kernels (docs/int8_export.md)."""
+        script = (
+            "import sys, tensorflow as tf\n"
+            "from qat import export\n"
+            "tf.compat.v1.disable_eager_execution()\n"
+            "c = tf.lite.TFLiteConverter.from_saved_model(sys.argv[1])\n"
+            "print('tf1_class', isinstance(c, tf.compat.v1.lite.TFLiteConverter))\n"
+            "c.optimizations = [tf.lite.Optimize.DEFAULT]\n"
+            "print('plain_float_ops', len(export.find_float_ops(export.describe_model(c.convert()))))\n"
+            "model = export.convert_saved_model(sys.argv[1])\n"
+            "print('qat_float_ops', len(export.find_float_ops(export.describe_model(model))))\n")
+        proc = subprocess.run([sys.executable, "-c", script, self.results[False].saved_model_dir],
+                              capture_output=True, text=True, timeout=300, check=False,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        lines = dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
+        self.assertEqual(lines["tf1_class"], "True")
+        self.assertGreater(int(lines["plain_float_ops"]), 0)  # Float kernels kept.
+        self.assertEqual(lines["qat_float_ops"], "0")
+
     def test_command_line(self):
         out_dir = os.path.join(self.tmp, "cli")
         proc = subprocess.run(
