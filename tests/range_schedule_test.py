@@ -9,7 +9,7 @@ switches, and that QAT from scratch (quant_delay=0) of a small BERT-style
 encoder reaches its float accuracy.
 """
 import os
-import sys
+import tempfile
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -21,10 +21,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat.engine import step_counter  # pylint: disable=g-import-not-at-top
 from qat.quantize import quantizer_batch  # pylint: disable=g-import-not-at-top
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "tools"))
-import _text_models  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tools import _text_models  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
@@ -139,7 +136,7 @@ class FromScratchTest(absltest.TestCase):
                 for i in range(0, self.STEPS * 32, 32):
                     sess.run(train_op, {ids: train_ids[i:i + 32],
                                         labels: train_labels[i:i + 32]})
-                path = saver.save(sess, os.path.join(self.create_tempdir().full_path, "m"))
+                path = saver.save(sess, os.path.join(tempfile.mkdtemp(), "m"))
         # Accuracy of the eval graph (the ranges frozen, as TFLite uses them).
         graph, ids, _, logits = _text_models.build_graph("bert_nn", False, self.CFG)
         with graph.as_default():
