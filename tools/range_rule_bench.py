@@ -38,6 +38,9 @@ flags.DEFINE_list("runs", ["float", "scratch", "finetune", "delay"],
                   "Any of float, scratch, finetune, delay.")
 flags.DEFINE_list("rules", ["before", "now"], "Range rules of the scratch and finetune runs.")
 flags.DEFINE_integer("batch", 32, "Batch size.")
+flags.DEFINE_bool("tflite", False,
+                  "Also export the last QAT eval graph of each run to int8 TFLite (qat.export) and "
+                  "print the model's accuracy.")
 flags.DEFINE_integer("trial_seed", 0, "Seed of the initial weights and of the batch order.")
 
 
@@ -116,7 +119,7 @@ def _model(name):
     return build_digits, _digits(), 3e-3
 
 
-def _evaluate(build, data, path, quantize):
+def _evaluate(build, data, path, quantize, last=False):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import qat  # pylint: disable=g-import-not-at-top
     tf1 = tf.compat.v1
@@ -130,6 +133,15 @@ def _evaluate(build, data, path, quantize):
             saver.restore(sess, path)
             out = np.concatenate([sess.run(logits, {x: x_test[i:i + 256]})
                                   for i in range(0, len(x_test), 256)])
+            if quantize and FLAGS.tflite and last:
+                exported = qat.export.export_tflite(
+                    [x.op.name], [logits.op.name], tempfile.mkdtemp(), sess=sess,
+                    flavours=("int8",), require_integer=False, default_input_range=(0.0, 1.0))
+                lite = qat.export.run_tflite(exported["int8"].model, x_test)
+                float_ops = [f.tflite_op for f in
+                             qat.export.find_float_ops(exported["int8"].report)]
+                print(f"  int8 TFLite: accuracy {100 * np.mean(lite.argmax(1) == y_test):.2f}%, "
+                      f"float ops {float_ops}", flush=True)
     return float(np.mean(out.argmax(1) == y_test))
 
 
@@ -165,7 +177,7 @@ def _train(build, data, rate, steps, quantize, eval_at, quant_delay=0, restore=N
         sess.run(train_op, {x: x_train[batch], labels: y_train[batch].astype(np.int64)})
         if step in eval_at or step == steps:
             path = saver.save(sess, os.path.join(folder, "model"), global_step=step)
-            accuracy[step] = _evaluate(build, data, path, quantize)
+            accuracy[step] = _evaluate(build, data, path, quantize, last=step == steps)
     sess.close()
     return accuracy, path
 
