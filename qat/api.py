@@ -14,6 +14,7 @@ from qat.engine import config as config_lib
 from qat.engine import preconditions
 from qat.fold import fold_batch_norms as fold_lib
 from qat.quantize import insert_quant_ops as quantize
+from qat.quantize import embeddings
 from qat.quantize import layer_norm
 
 
@@ -29,6 +30,7 @@ def _create_graph(input_graph: Optional[tf.Graph], caller: str,
         preconditions.warn_existing_gradients(graph)
     with graph.as_default():
         layer_norm.unfuse_layer_norms(graph)
+        embeddings.split_resource_gathers(graph)
         fold_lib.fold_graph(graph, config)
         quantize.quantize_graph(graph, config)
 

@@ -20,6 +20,8 @@ QUANTIZER = "quantizer"
 QUANTIZER_OUTPUT = "quantizer_output"
 STANDALONE_BATCH_NORM = "standalone_batch_norm"
 LAYER_NORM = "layer_norm"
+# A resource variable's lookup split into read + gather (`qat.quantize.embeddings`).
+EMBEDDING = "embedding"
 # Training graphs: what a Rsqrt reads where its quantized input is 0.
 ZERO_GUARD = "zero_guard"
 

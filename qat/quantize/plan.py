@@ -47,6 +47,7 @@ import tensorflow as tf
 from qat.engine import marks
 from qat.quantize import op_table
 from qat.quantize import patterns as qp
+from qat.quantize import plan_embeddings
 from qat.quantize import plan_graph
 from qat.quantize import plan_structures
 from qat.quantize import plan_weights
@@ -83,7 +84,7 @@ class Plan:
 
 
 class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
-              plan_graph.GraphView):
+              plan_embeddings.EmbeddingPlanning, plan_graph.GraphView):
     """Plans the quantizers of one graph without changing it."""
 
     def __init__(self, graph, is_training, scope, per_channel,
@@ -155,7 +156,11 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             if self._has_range(t):
                 return t
             op = t.op
+            if self.entries.get(op) is not None:
+                return self.entries[op]  # A lookup's output has its table's scale.
             if op in self.looked_through:
+                if not self.is_data(self.looked_through[op]):
+                    return t  # Dropout of what is not data: as its eval Identity.
                 t = self.looked_through[op]
                 continue
             if (op.type not in op_table.SAME_SCALE_TYPES
@@ -388,6 +393,7 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         layers = [op for op in self.layers if self._in_scope(op)]
         for layer in layers:
             self.plan_weights(layer)
+        self.plan_embeddings()
         ordered = sorted(self.data_ops, key=lambda o: o._id)  # pylint: disable=protected-access
         self._find_structures(ordered)
         for layer in self.layers:

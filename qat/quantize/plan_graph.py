@@ -15,6 +15,7 @@ from tensorflow.python.framework import tensor_util
 from qat.engine import marks
 from qat.matching import layer_patterns
 from qat.matching.matcher import GraphMatcher
+from qat.quantize import embeddings
 from qat.quantize import patterns as qp
 from qat.quantize import quantizer_batch
 
@@ -159,10 +160,19 @@ class GraphView(object):
         seeds.extend(qp.data_input(layer).op for layer in self.layers)
         seeds.extend(op for op in ops if op.type in qp.INPUT_TYPES
                      and any(is_float(o) for o in op.outputs))
+        # Integer inputs enter through embedding lookups and casts.
+        self.entries = {op: table for op, table in embeddings.entry_ops(ops).items()
+                        if op not in self.gradient_ops and (
+                            table is not None or self._reaches_layer(op))}
+        seeds.extend(self.entries)
         self.data_ops = forward_closure(seeds) - self.gradient_ops
         self.model_ops = self._ancestors(self.layers)
         self.inference_ops = self._ancestors(self._inference_seeds())
         self.library = None
+
+    def _reaches_layer(self, op: tf.Operation) -> bool:
+        reached = forward_closure([op]) - self.gradient_ops
+        return any(layer in reached for layer in self.layers)
 
     def _inference_seeds(self) -> List[tf.Operation]:
         """Ops whose results are model outputs: layers, producers of the
