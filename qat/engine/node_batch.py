@@ -71,6 +71,28 @@ def _rescoped(name: str, old: str, new: str) -> str:
     return name
 
 
+# How many `<name>_<i>` candidates `NodeBatch.unique_name` tries at most: a
+# rewrite must never loop forever, whatever the graph's names are.
+MAX_NAME_TRIES = 1_000_000
+
+
+def _in_use(graph: tf.Graph, key: str) -> bool:
+    """Whether the lower-cased absolute name `key` is in the graph's names-in-use table.
+
+    Read directly, not through `graph.unique_name`, which prepends the active
+    name scope (a rewrite called inside `tf.name_scope("replica_1")`, as
+    `tf.distribute` replica functions are, would never see its own name).
+    """
+    return graph._names_in_use.get(key, 0) > 0  # pylint: disable=protected-access
+
+
+def _mark_used(graph: tf.Graph, key: str) -> None:
+    """Marks the absolute name `key` used, as a Python constructor would."""
+    names = graph._names_in_use  # pylint: disable=protected-access
+    if not names.get(key, 0):
+        names[key] = 1
+
+
 # graph -> (ops seen, the lower-cased names and scopes of those ops).
 _USED_SCOPES: "weakref.WeakKeyDictionary[tf.Graph, Tuple[int, Set[str]]]" = (
     weakref.WeakKeyDictionary())
@@ -136,7 +158,7 @@ class NodeBatch(object):
         key = name.lower()
         if key in self._reserved:
             return True
-        if self._graph.unique_name(name, mark_as_used=False) != name:
+        if _in_use(self._graph, key):
             return True  # Used by an op or name scope of the graph.
         if self._used is None:
             self._used = _used_scopes(self._graph)
@@ -158,6 +180,10 @@ class NodeBatch(object):
         candidate, i = name, 0
         while self._taken(candidate):
             i += 1
+            if i > MAX_NAME_TRIES:
+                raise RuntimeError(
+                    f"No free name for '{name}' after {MAX_NAME_TRIES} tries "
+                    f"('{name}_1' ... '{candidate}' are all taken).")
             candidate = "%s_%d" % (name, i)
         self._reserved.add(candidate.lower())
         return candidate
@@ -372,8 +398,7 @@ class NodeBatch(object):
         graph = self._graph
         ops = graph_import.import_nodes(graph, self._gdef, self._serialized(), self._ext, self._nodes)
         for name in self._reserved.union(n.lower() for n in self._nodes):
-            if graph.unique_name(name, mark_as_used=False) == name:
-                graph.unique_name(name, mark_as_used=True)
+            _mark_used(graph, name)
         return ops
 
     def tensor(self, ops: Dict[str, tf.Operation], ref: Optional[str]) -> Optional[tf.Tensor]:

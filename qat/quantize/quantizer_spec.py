@@ -117,10 +117,10 @@ class QuantizerSpec:
                 f"Cannot quantize '{self.inputs.name}': FakeQuant needs float32 "
                 f"(float16 and bfloat16 are cast to float32 and back), got "
                 f"{self.inputs.dtype.name}.")
-        if self.range_of is not None and (self.per_channel or self.statistics_of):
+        if self.range_of is not None and self.statistics_of:
             raise ValueError(
-                f"'{self.prefix}' reads another quantizer's range: it can be "
-                "neither per-channel nor have statistics of its own.")
+                f"'{self.prefix}' reads another quantizer's range: it cannot "
+                "have statistics of its own.")
         if self.per_channel:
             shape = (tf.TensorShape(self.channel_reshape)
                      if self.channel_reshape else self.inputs.shape)

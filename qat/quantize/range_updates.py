@@ -28,6 +28,8 @@ class RangeUpdates(object):
         for k, t in enumerate(spec.statistics_of):
             # A concatenation's group: the range covers every member.
             q = "%s/member_%d" % (p, k)
+            # Reduced where the member is (another replica's device).
+            self._device = t.op.device or spec.device
             y = self._external(t)
             low = low_precision_dtype(t)
             if low is not None:
@@ -35,6 +37,7 @@ class RangeUpdates(object):
             y_min, y_max = self._batch_range(
                 dataclasses.replace(spec, per_channel=False), q, y, t.shape.rank,
                 t.op.type in ("Relu", "Relu6"))
+            self._device = spec.device
             if y_min is not None:
                 batch_min = y_min if batch_min is None else self._node(
                     q + "/GroupMin", "Minimum", [batch_min, y_min], T=_FLOAT)
