@@ -31,6 +31,7 @@ from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
 from qat.quantize import control_flow
 from qat.quantize import quantizer_batch
+from qat.quantize import replica_stats
 from qat.quantize import standalone_batch_norm
 from qat.quantize.plan import Plan
 from qat.quantize.plan import Planner
@@ -234,6 +235,7 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
             spec.range_of = indices[j]
             spec.range_before_update = plan.before_update
         spec.statistics_of = tuple(plan.members)
+        spec.earlier_range = plan.earlier  # A replica's range from an earlier call.
         indices[k] = batch.add(spec, step, input_ref=input_ref)
         out = batch.output(indices[k])
         quantized[plan.tensor] = out
@@ -275,6 +277,8 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     for k, plan in enumerate(plans):
         if k not in indices:
             add(k)  # A standalone batch norm that keeps its float form.
+    if config.is_training:
+        replica_stats.join_statistics(rewrite, _earlier_members(plans))
     batch.finish()
     if not done:
         rewrite.add_to_collection(preconditions.REWRITES_COLLECTION,
@@ -323,6 +327,16 @@ def _zero_guard(nodes, raw: tf.Tensor, quantized: str, prefix: str) -> str:
                          **{marks.ATTR: marks.ZERO_GUARD})
     return nodes.node(scope + "/Select", "SelectV2", [nonzero, quantized, nodes.external(raw)],
                       T=dtype, **{marks.ATTR: marks.ZERO_GUARD})
+
+
+def _earlier_members(plans: List[Plan]) -> dict:
+    """{earlier range's variable scope: the tensors of this call that read it}."""
+    members = {}
+    for plan in plans:
+        if plan.earlier is not None:
+            prefix = plan.earlier[2].op.name.rsplit("/", 3)[0]  # <prefix>/min/Read/ReadVariableOp
+            members.setdefault(prefix, []).append(plan.tensor)
+    return members
 
 
 def _warn_unconsumed(tensor: tf.Tensor, quantized: tf.Tensor) -> None:

@@ -92,6 +92,7 @@ class QuantizerBatch(range_updates.RangeUpdates):
         # Per quantizer: (min variable, max variable) of the range it reads,
         # and the (min, max) nodes its FakeQuant reads.
         self._variables: List[tuple] = []
+        self._snapshots: List[tuple] = []  # The variables' reads before the update.
         self._ranges: List[tuple] = []
         self._device = ""           # Of the quantizer being added.
         self._variable_device = ""
@@ -208,17 +209,25 @@ class QuantizerBatch(range_updates.RangeUpdates):
         else:
             rank = spec.inputs.shape.rank
             channels = spec.inputs.shape[-1] if spec.per_channel else None
-        if spec.range_of is not None:
+        if spec.earlier_range is not None:
+            # The variables' names (their snapshot reads are `<var>/Read/...`).
+            min_var, max_var = [t.op.name.rsplit("/Read/", 1)[0] for t in spec.earlier_range[2:]]
+            lo, hi = [self._external(t) for t in spec.earlier_range[:2]]
+            self._snapshots.append(tuple(spec.earlier_range[2:]))  # Tensors: mapped if read.
+        elif spec.range_of is not None:
             min_var, max_var = self._variables[spec.range_of]
             if spec.is_training and not spec.range_before_update:
                 lo, hi = self._ranges[spec.range_of]
             else:
-                lo = min_var + "/Read/ReadVariableOp"
-                hi = max_var + "/Read/ReadVariableOp"
+                lo, hi = [self._external(t) if isinstance(t, tf.Tensor) else t
+                          for t in self._snapshots[spec.range_of]]
+            self._snapshots.append(self._snapshots[spec.range_of])
         else:
             var_shape = [int(channels)] if spec.per_channel else []
             min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
             max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
+            self._snapshots.append((min_var + "/Read/ReadVariableOp",
+                                    max_var + "/Read/ReadVariableOp"))
             if spec.is_training:
                 lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
             else:

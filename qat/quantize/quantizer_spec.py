@@ -106,6 +106,7 @@ class QuantizerSpec:
     range_of: Optional[int] = None
     range_before_update: bool = False
     statistics_of: Tuple[tf.Tensor, ...] = ()
+    earlier_range: Optional[Tuple[tf.Tensor, ...]] = None
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""

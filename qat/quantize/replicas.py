@@ -52,6 +52,7 @@ from qat.engine import marks
 from qat.engine import placement
 from qat.matching import layer_patterns
 from qat.quantize import quantizer_spec
+from qat.quantize import replica_stats
 
 # How many ops the backward search from a layer's weights visits at most.
 _MAX_WEIGHT_SEARCH = 48
@@ -209,10 +210,16 @@ def share(planner, plans: List) -> List:
         if k is None:
             continue
         groups.setdefault((name, plan.is_weight), []).append((k, plan))
+    earlier = replica_stats.earlier_ranges(planner.graph)
     for (name, _), members in groups.items():
         members.sort(key=lambda m: m[0])
         if len({k for k, _ in members}) != len(members):
             continue  # Two ranges of one replica: not replicas of one tensor.
+        if name in earlier:
+            # Built by an earlier call (the first replica's): read and joined.
+            for _, plan in members:
+                plan.earlier, plan.shared, plan.members = earlier[name], None, []
+            continue
         owner = members[0][1]
         owner.prefix = name
         for _, plan in members[1:]:
