@@ -92,7 +92,7 @@ def build_towers(batch: int, num: int = 2, quantize: bool = True, slim: bool = F
                 if k == 0:
                     update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, scope_name % 0)
         if quantize:
-            qat.create_training_graph(graph, quant_delay=0)
+            qat.experimental_create_training_graph(graph, quant_delay=0, symmetric_weights=True)
         optimizer = tf1.train.GradientDescentOptimizer(0.05)
         grads = []
         for k, loss in enumerate(losses):
@@ -131,7 +131,7 @@ def build_mirrored(batch: int, style: str, num: int = 2, quantize: bool = True):
             def forward(x, y):
                 loss = _loss(y, model(x, True))
                 if quantize and style == "inside":
-                    qat.create_training_graph(quant_delay=0)
+                    qat.experimental_create_training_graph(quant_delay=0, symmetric_weights=True)
                 return loss
 
             def step(loss):
@@ -143,7 +143,7 @@ def build_mirrored(batch: int, style: str, num: int = 2, quantize: bool = True):
 
             losses = strategy.extended.call_for_each_replica(forward, args=(x_dist, y_dist))
             if quantize and style == "after":
-                qat.create_training_graph(graph, quant_delay=0)
+                qat.experimental_create_training_graph(graph, quant_delay=0, symmetric_weights=True)
             train_ops = strategy.extended.call_for_each_replica(step, args=(losses,))
             train_op = tf.group(strategy.experimental_local_results(train_ops))
     return graph, images, labels, train_op, list(strategy.experimental_local_results(losses))
@@ -156,7 +156,7 @@ def build_eval(slim: bool = False):
         images = tf1.placeholder(tf.float32, (None,) + SIZE, name="images")
         logits = slim_model(images, False) if slim else model(images, False)
         probabilities = tf.nn.softmax(logits, name="probabilities")
-        qat.create_eval_graph(graph)
+        qat.experimental_create_eval_graph(graph, symmetric_weights=True)
     return graph, images, probabilities
 
 
