@@ -21,11 +21,13 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_ROOT, "tools"))
+sys.path.insert(0, os.path.join(_ROOT, "tests"))
 from qat import export  # pylint: disable=g-import-not-at-top,wrong-import-position
 from qat.engine import marks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from qat.engine import placement  # pylint: disable=g-import-not-at-top,wrong-import-position
-import replicas_util  # pylint: disable=g-import-not-at-top,wrong-import-position
+import _replica_models as replicas_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import zoo_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf1 = tf.compat.v1

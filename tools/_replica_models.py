@@ -1,4 +1,4 @@
-"""Data-parallel training graphs for tests/replicas_test.py and tools/bench_replicas.py.
+"""Data-parallel training graphs for tools/bench_replicas.py and tests/replicas_test.py.
 
 One small conv net (two conv + batch norm + ReLU layers, a dense head) built
 as TF1 multi-GPU towers, as TF-Slim `model_deploy` clones, or as
@@ -55,9 +55,10 @@ def slim_model(images: tf.Tensor, training: bool) -> tf.Tensor:
     return slim.fully_connected(net, CLASSES, activation_fn=None, scope="logits")
 
 
-def make_batch(n: int, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+def make_batch(n: int, seed: int, size=SIZE) -> Tuple[np.ndarray, np.ndarray]:
+    """Images in [0, 1] (the first half in [0, 0.5]) and labels."""
     rng = np.random.RandomState(seed)
-    images = rng.uniform(0.0, 1.0, (n,) + SIZE).astype(np.float32)
+    images = rng.uniform(0.0, 1.0, (n,) + tuple(size)).astype(np.float32)
     images[: n // 2] *= 0.5      # Replica 0's half has a smaller range than replica 1's.
     return images, np.arange(n) % CLASSES
 
@@ -67,7 +68,8 @@ def _loss(labels, logits):
                                                    loss_collection=None)
 
 
-def build_towers(batch: int, num: int = 2, quantize: bool = True, slim: bool = False):
+def build_towers(batch: int, num: int = 2, quantize: bool = True, slim: bool = False,
+                 size=SIZE):
     """TF1's multi-GPU pattern (or model_deploy's clones with `slim`).
 
     Returns:
@@ -76,7 +78,7 @@ def build_towers(batch: int, num: int = 2, quantize: bool = True, slim: bool = F
     graph = tf.Graph()
     with graph.as_default():
         tf1.train.get_or_create_global_step()
-        images = tf1.placeholder(tf.float32, (batch * num,) + SIZE, name="images")
+        images = tf1.placeholder(tf.float32, (batch * num,) + tuple(size), name="images")
         labels = tf1.placeholder(tf.int64, [batch * num], name="labels")
         xs, ys = tf.split(images, num), tf.split(labels, num)
         losses, update_ops = [], []
@@ -108,7 +110,8 @@ def build_towers(batch: int, num: int = 2, quantize: bool = True, slim: bool = F
     return graph, images, labels, train_op, losses
 
 
-def build_mirrored(batch: int, style: str, num: int = 2, quantize: bool = True):
+def build_mirrored(batch: int, style: str, num: int = 2, quantize: bool = True,
+                   size=SIZE):
     """MirroredStrategy in graph mode; `style` "after" or "inside" (the rewrite).
 
     Returns:
@@ -119,7 +122,7 @@ def build_mirrored(batch: int, style: str, num: int = 2, quantize: bool = True):
         strategy = tf.distribute.MirroredStrategy(list(DEVICES[:num]))
         with strategy.scope():
             tf1.train.get_or_create_global_step()
-            images = tf1.placeholder(tf.float32, (batch * num,) + SIZE, name="images")
+            images = tf1.placeholder(tf.float32, (batch * num,) + tuple(size), name="images")
             labels = tf1.placeholder(tf.int64, [batch * num], name="labels")
             xs, ys = tf.split(images, num), tf.split(labels, num)
             x_dist = strategy.experimental_distribute_values_from_function(
