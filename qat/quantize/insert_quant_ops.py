@@ -32,6 +32,7 @@ from qat.engine import step_counter
 from qat.quantize import control_flow
 from qat.quantize import quantizer_batch
 from qat.quantize import replica_stats
+from qat.quantize import worker_ranges
 from qat.quantize import standalone_batch_norm
 from qat.quantize.plan import Plan
 from qat.quantize.plan import Planner
@@ -216,6 +217,9 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     step = step_counter.step_for(rewrite) if config.is_training or config.quant_delay else None
     placement = placement_lib.Placement(graph)
     specs = [_spec(plan, config, placement) for plan in plans]
+    all_reduce = worker_ranges.for_current_strategy() if config.is_training else None
+    for spec in specs:
+        spec.all_reduce = all_reduce  # Ranges equal on every worker.
     indices = {}   # plan position -> quantizer index
     quantized = {}  # tensor -> node its consumers read instead
 

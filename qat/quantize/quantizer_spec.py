@@ -107,6 +107,7 @@ class QuantizerSpec:
     range_before_update: bool = False
     statistics_of: Tuple[tf.Tensor, ...] = ()
     earlier_range: Optional[Tuple[tf.Tensor, ...]] = None
+    all_reduce: Optional[object] = None
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""

@@ -43,6 +43,10 @@ class RangeUpdates(object):
                     q + "/GroupMin", "Minimum", [batch_min, y_min], T=_FLOAT)
             batch_max = self._node(q + "/GroupMax", "Maximum", [batch_max, y_max],
                                    T=_FLOAT)
+        if spec.all_reduce is not None:  # The same range on every worker.
+            if batch_min is not None:
+                batch_min = spec.all_reduce.emit(self._nodes, p + "/all_reduce_min", batch_min, "Min")
+            batch_max = spec.all_reduce.emit(self._nodes, p + "/all_reduce_max", batch_max, "Max")
         nonnegative = batch_min is None
         if nonnegative:
             # min(batch) >= 0, so min(batch_min, 0) = 0 and max(batch_max, 0)
