@@ -7,12 +7,19 @@ plain Saver, restores strictly into the single-replica eval graph, and
 converts to uint8 and int8 with TensorFlow's plain converter, fully integer
 and within the zoo's parity bounds. The shared ranges after the 3 steps are
 recomputed in numpy from the replicas' batches (min of mins, max of maxes,
-then one moving-average step).
+then one moving-average step). MultiWorkerMirroredStrategy: 2 worker
+processes on 127.0.0.1 (free ports, tests/multi_worker_util.py), ranges equal
+on both after every step, the chief's checkpoint restored strictly and
+exported likewise.
 """
 import collections
+import json
 import os
+import socket
+import subprocess
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -36,6 +43,7 @@ BATCH = 4           # Per replica.
 STEPS = 3
 EMA_DECAY = 0.999   # create_training_graph's.
 PARITY_EXAMPLES = 16
+WORKER_TIMEOUT_S = 240   # Both worker processes, start to end.
 
 
 def _build(style: str):
@@ -106,7 +114,46 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase, zoo_util.ZooAsserti
             sess.run(recalibrate, {images: x})
             saver.save(sess, checkpoint)
 
-        eval_graph, x, y = replicas_util.build_eval(slim=style == "slim_clones")
+        self._check_export(checkpoint, names, slim=style == "slim_clones", label=style)
+
+    def test_multi_worker_mirrored_strategy(self):
+        out_dir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+        ports = [_free_port(), _free_port()]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
+                   PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
+        env.pop("TF_CONFIG", None)
+        procs, logs = [], []
+        for task in range(2):
+            log = open(os.path.join(out_dir, f"worker_{task}.log"), "w")
+            self.addCleanup(log.close)
+            logs.append(log.name)
+            proc = subprocess.Popen(
+                [sys.executable, os.path.join(_ROOT, "tests", "multi_worker_util.py"), str(task),
+                 ",".join(map(str, ports)), out_dir], stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.addCleanup(_stop, proc)
+            procs.append(proc)
+        deadline = time.monotonic() + WORKER_TIMEOUT_S
+        for task, proc in enumerate(procs):
+            try:
+                code = proc.wait(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                code = None
+            self.assertEqual(code, 0, f"worker {task}: status {code}\n" + _tails(logs))
+        histories = []
+        for task in range(2):
+            with open(os.path.join(out_dir, f"ranges_{task}.json")) as f:
+                histories.append(json.load(f))
+        self.assertLen(histories[0], 3)
+        for step, (chief, other) in enumerate(zip(*histories)):
+            self.assertEqual(chief, other, f"ranges differ after step {step + 1}")
+        last = histories[0][-1]
+        self.assertNotEqual(last["model/conv1/act_quant/max"], 6.0)
+        self._check_export(os.path.join(out_dir, "chief", "model.ckpt"), sorted(last),
+                           slim=False, label="multi-worker")
+
+    def _check_export(self, checkpoint, names, slim, label):
+        """Strict restore into the eval graph; uint8 and int8 through TF's converter."""
+        eval_graph, x, y = replicas_util.build_eval(slim=slim)
         self.assertCountEqual([v.op.name for v in replicas_util.range_variables(eval_graph)],
                               names)
         with eval_graph.as_default():
@@ -117,11 +164,32 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase, zoo_util.ZooAsserti
             frozen = export.freeze_session(sess, [y.op.name])
             for flavour in ("uint8", "int8"):
                 model = zoo_util.convert_with_tf(sess, x, y, flavour, replicas_util.INPUT_RANGE)
-                export.check_fully_integer(model, frozen, label=f"{style} {flavour}")
+                export.check_fully_integer(model, frozen, label=f"{label} {flavour}")
                 parity = export.check_parity(model, frozen, x.name, y.name, inputs,
                                              max_diff_steps=zoo_util.MAX_DIFF_STEPS)
                 self.assertLessEqual(parity.max_diff_steps, zoo_util.MAX_DIFF_STEPS)
                 self.assert_outputs_vary(export.run_tflite(model, inputs), flavour)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=60)
+
+
+def _tails(paths) -> str:
+    out = []
+    for path in paths:
+        with open(path, errors="replace") as f:
+            lines = [l for l in f if not l.startswith(("W0000", "I0000"))]
+        out.append(f"--- {path}\n" + "".join(lines[-30:]))
+    return "\n".join(out)
 
 
 def _update(previous, tensors, weights: bool):
