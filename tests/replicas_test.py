@@ -31,6 +31,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_ROOT, "tools"))
 sys.path.insert(0, os.path.join(_ROOT, "tests"))
+import qat  # pylint: disable=g-import-not-at-top,wrong-import-position
 from qat import export  # pylint: disable=g-import-not-at-top,wrong-import-position
 from qat.engine import marks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from qat.engine import placement  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -115,6 +116,28 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase, zoo_util.ZooAsserti
             saver.save(sess, checkpoint)
 
         self._check_export(checkpoint, names, slim=style == "slim_clones", label=style)
+
+    def test_layers_feeding_each_other_are_not_replicas(self):
+        # Two layers applied twice with shared weights, the second application
+        # reading the first's output (an unrolled loop): sharing one range would
+        # make each update depend on itself. Each application keeps its ranges.
+        graph = tf.Graph()
+        with graph.as_default():
+            images = tf1.placeholder(tf.float32, (2,) + replicas_util.SIZE, name="images")
+            net = images
+            for k in range(2):
+                with tf.name_scope("step_%d" % k), tf1.variable_scope("cell", reuse=k > 0):
+                    for name in ("a", "b"):
+                        net = tf.nn.relu(tf1.layers.conv2d(net, 3, 3, padding="same", name=name))
+            loss = tf.reduce_mean(net)
+            qat.experimental_create_training_graph(graph, quant_delay=0)
+            names = [v.op.name for v in replicas_util.range_variables(graph)]
+            self.assertIn("step_1/cell/b/act_quant/max", names)
+            self.assertIn("step_0/cell/b/act_quant/max", names)
+            with tf1.Session(graph=graph) as sess:
+                sess.run(tf1.global_variables_initializer())
+                x = replicas_util.make_batch(2, seed=0)[0]
+                self.assertTrue(np.isfinite(sess.run(loss, {images: x})))
 
     def test_multi_worker_mirrored_strategy(self):
         out_dir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())

@@ -15,7 +15,11 @@ their common trailing scopes are removed (`tower_0/`, `tower_1/`; `""` and
 `replica_1/` under a strategy). Every group of such layers must give the same
 set of leading scopes, one per device or at least two groups: a layer applied
 twice inside one model (shared weights under `conv` and `conv_1`) gives
-another set per layer and is not a replica.
+another set per layer and is not a replica; nor are layers that feed each
+other (a loop unrolled with shared weights), whose shared range update would
+depend on its own result. A whole model applied twice to two inputs in one
+graph (a siamese network) is recognised like replicas, in its training and
+eval graphs alike: both applications share the ranges.
 
 Sharing (`share`, after the planner's visits): plans whose names are equal
 once their replica scope is removed are one range, owned by the first
@@ -51,6 +55,7 @@ import tensorflow as tf
 from qat.engine import marks
 from qat.engine import placement
 from qat.matching import layer_patterns
+from qat.quantize import plan_graph
 from qat.quantize import quantizer_spec
 from qat.quantize import replica_stats
 
@@ -158,7 +163,13 @@ class Replicas(object):
                 if p is not None:
                     first_op[p] = min(first_op.get(p, op._id), op._id)  # pylint: disable=protected-access
         # Replica order: where each replica starts in the graph.
-        self.prefixes = sorted(prefix_sets[0], key=lambda p: first_op.get(p, 0))
+        prefixes = sorted(prefix_sets[0], key=lambda p: first_op.get(p, 0))
+        if not _independent([[op for op in layers if self._match(op.name, prefixes) == p]
+                             for p in prefixes]):
+            logging.info("qat: layers under %s share weights but feed each other "
+                         "(an unrolled loop): not replicas", prefixes)
+            return
+        self.prefixes = prefixes
         logging.info("qat: replicas found, scopes %s", self.prefixes)
 
     @staticmethod
@@ -260,6 +271,16 @@ def _split_weights_by_device(plans: List, replicas: Replicas) -> List:
                 per_channel=plan.per_channel, depthwise=plan.depthwise,
                 weight_sharers=sharers if readers else sharers[1:], shared=plan))
     return added
+
+
+def _independent(replica_layers: List[List[tf.Operation]]) -> bool:
+    """No replica's layers feed another's (else a shared update would be a cycle)."""
+    for k, layers in enumerate(replica_layers):
+        reached = plan_graph.forward_closure(layers)
+        for j, others in enumerate(replica_layers):
+            if j != k and any(op in reached for op in others):
+                return False
+    return True
 
 
 def splits_batch(op: tf.Operation) -> bool:
