@@ -74,6 +74,8 @@ class BenchReplicasTest(absltest.TestCase):
                        "--batch_size=2", f"--style={style}")
             self.assertRegex(out, r"QAT 2 replicas / QAT 1 replica \(same total batch\) = \d+\.\d{3}")
             self.assertRegex(out, r"QAT/float at 2 replicas = \d+\.\d{3}")
+            self.assertRegex(out, r"paired: median of the 2 per-round ratios: "
+                                  r"2 vs 1 replica \d+\.\d{3}, QAT/float \d+\.\d{3}")
             self.assertFalse(re.search(r"\bnan\b", out), out)
 
 

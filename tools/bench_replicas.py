@@ -11,7 +11,10 @@ median step times and two ratios from the one run:
   QAT 2 replicas / QAT 1 replica (same total batch): what splitting costs or
       saves, shared ranges included (each range update waits for every
       replica's batch statistics);
-  QAT / float at 2 replicas: the rewrite's overhead with replicas.
+  QAT / float at 2 replicas: the rewrite's overhead with replicas;
+
+and the medians of the per-round ratios (each round times the three graphs one
+after the other), which drift less with the load of a shared machine.
 
   .venv/bin/python tools/bench_replicas.py
   .venv/bin/python tools/bench_replicas.py --style=mirrored --batch_size=32 --image_size=32
@@ -80,6 +83,11 @@ def main(argv):
           % (medians["QAT, 2 replicas"] / medians["QAT, 1 replica"]))
     print("QAT/float at 2 replicas = %.3f"
           % (medians["QAT, 2 replicas"] / medians["float, 2 replicas"]))
+    # The load of a shared machine drifts: each round's ratio, then their median.
+    qat2, qat1, float2 = (times[k] for k in variants)
+    print("paired: median of the %d per-round ratios: 2 vs 1 replica %.3f, QAT/float %.3f"
+          % (FLAGS.steps, statistics.median(a / b for a, b in zip(qat2, qat1)),
+             statistics.median(a / b for a, b in zip(qat2, float2))))
 
 
 if __name__ == "__main__":
