@@ -221,7 +221,10 @@ def share(planner, plans: List) -> List:
         if k is None:
             continue
         groups.setdefault((name, plan.is_weight), []).append((k, plan))
-    earlier = replica_stats.earlier_ranges(planner.graph)
+    # Ranges of an earlier call, by their names without a replica scope (replica 0
+    # of a strategy has none; a tower's keeps `tower_0/` in its variables' names).
+    earlier = {replicas.strip(prefix)[1]: found
+               for prefix, found in replica_stats.earlier_ranges(planner.graph).items()}
     for (name, _), members in groups.items():
         members.sort(key=lambda m: m[0])
         if len({k for k, _ in members}) != len(members):
