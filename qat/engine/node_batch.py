@@ -76,23 +76,6 @@ def _rescoped(name: str, old: str, new: str) -> str:
 MAX_NAME_TRIES = 1_000_000
 
 
-def _in_use(graph: tf.Graph, key: str) -> bool:
-    """Whether the lower-cased absolute name `key` is in the graph's names-in-use table.
-
-    Read directly, not through `graph.unique_name`, which prepends the active
-    name scope (a rewrite called inside `tf.name_scope("replica_1")`, as
-    `tf.distribute` replica functions are, would never see its own name).
-    """
-    return graph._names_in_use.get(key, 0) > 0  # pylint: disable=protected-access
-
-
-def _mark_used(graph: tf.Graph, key: str) -> None:
-    """Marks the absolute name `key` used, as a Python constructor would."""
-    names = graph._names_in_use  # pylint: disable=protected-access
-    if not names.get(key, 0):
-        names[key] = 1
-
-
 # graph -> (ops seen, the lower-cased names and scopes of those ops).
 _USED_SCOPES: "weakref.WeakKeyDictionary[tf.Graph, Tuple[int, Set[str]]]" = (
     weakref.WeakKeyDictionary())
@@ -158,7 +141,7 @@ class NodeBatch(object):
         key = name.lower()
         if key in self._reserved:
             return True
-        if _in_use(self._graph, key):
+        if graph_import.name_in_use(self._graph, key):
             return True  # Used by an op or name scope of the graph.
         if self._used is None:
             self._used = _used_scopes(self._graph)
@@ -398,7 +381,7 @@ class NodeBatch(object):
         graph = self._graph
         ops = graph_import.import_nodes(graph, self._gdef, self._serialized(), self._ext, self._nodes)
         for name in self._reserved.union(n.lower() for n in self._nodes):
-            _mark_used(graph, name)
+            graph_import.mark_name_used(graph, name)
         return ops
 
     def tensor(self, ops: Dict[str, tf.Operation], ref: Optional[str]) -> Optional[tf.Tensor]:

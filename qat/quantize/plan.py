@@ -81,8 +81,7 @@ class Plan:
     before_update: bool = False
     # A group's own plan: the other members, whose statistics join its own.
     members: List[tf.Tensor] = dataclasses.field(default_factory=list)
-    # A range an earlier call built (`qat.quantize.replica_stats.earlier_ranges`).
-    earlier: Optional[tuple] = None
+    earlier: Optional[tuple] = None  # An earlier call's range (`qat.quantize.replica_stats`).
 
 
 class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
