@@ -47,7 +47,7 @@ quantizers read them and its batch statistics join their updates
 (`qat.quantize.replica_stats`).
 """
 import collections
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -129,13 +129,16 @@ class Replicas(object):
     Args:
       layers: the graph's layer ops (quantized ones included).
       graph: their graph.
+      is_data: whether a tensor is on the data path (a MatMul of two
+        activations, attention's scores, has no weights).
     """
 
-    def __init__(self, layers: Sequence[tf.Operation], graph: tf.Graph):
+    def __init__(self, layers: Sequence[tf.Operation], graph: tf.Graph,
+                 is_data: Callable[[tf.Tensor], bool] = lambda t: False):
         names = canonical_variables(graph)
         groups: Dict[FrozenSet[str], List[tf.Operation]] = collections.OrderedDict()
         for layer in layers:
-            if len(layer.inputs) < 2:
+            if len(layer.inputs) < 2 or is_data(layer_patterns.weight_input(layer)):
                 continue
             key = _weight_key(layer, names)
             if key:
@@ -208,7 +211,7 @@ def share(planner, plans: List) -> List:
     Returns:
       The plans, with one added per weight that layers on other devices read.
     """
-    replicas = Replicas(planner.layers, planner.graph)
+    replicas = Replicas(planner.layers, planner.graph, planner.is_data)
     planner.replicas = replicas
     if not replicas:
         return plans
