@@ -212,7 +212,6 @@ def share(planner, plans: List) -> List:
       The plans, with one added per weight that layers on other devices read.
     """
     replicas = Replicas(planner.layers, planner.graph, planner.is_data)
-    planner.replicas = replicas
     if not replicas:
         return plans
     plans = plans + _split_weights_by_device(plans, replicas)
