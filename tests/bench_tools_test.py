@@ -66,5 +66,18 @@ class BenchTrainStepTest(absltest.TestCase):
         self.assertFalse(re.search(r"\bnan\b", out), out)
 
 
+class BenchReplicasTest(absltest.TestCase):
+
+    def test_both_ratios_are_printed(self):
+        for style in ("towers", "mirrored"):
+            out = _run("bench_replicas.py", "--steps=2", "--warmup=1", "--image_size=8",
+                       "--batch_size=2", f"--style={style}")
+            self.assertRegex(out, r"QAT 2 replicas / QAT 1 replica \(same total batch\) = \d+\.\d{3}")
+            self.assertRegex(out, r"QAT/float at 2 replicas = \d+\.\d{3}")
+            self.assertRegex(out, r"paired: median of the 2 per-round ratios: "
+                                  r"2 vs 1 replica \d+\.\d{3}, QAT/float \d+\.\d{3}")
+            self.assertFalse(re.search(r"\bnan\b", out), out)
+
+
 if __name__ == "__main__":
     absltest.main()

@@ -73,6 +73,14 @@ _EPILOGUES = {
         assert len(qat_variables) > 2, qat_variables
         assert {v.device for v in qat_variables} == {"/job:ps/task:0"}, qat_variables
         assert {op.device for op in fake_quant} == {"/job:worker/task:0"}
+        # Replicas: one range per tensor, named as the single-tower eval graph names it.
+        tower_ranges = sorted(v.op.name for v in towers.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+                              if v.op.name.endswith("/max"))
+        assert tower_ranges == sorted("model/%s/max" % r for r in (
+            "conv1/input_quant", "conv1/weights_quant", "conv1/act_quant",
+            "logits/weights_quant", "logits/act_quant")), tower_ranges
+        assert {op.device for op in towers.get_operations() if op.type.startswith("FakeQuant")
+                } >= {"/device:CPU:0", "/device:CPU:1"}
     """,
 }
 

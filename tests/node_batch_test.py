@@ -69,6 +69,37 @@ class NodeBatchTest(tf.test.TestCase):
         self.assertEqual(node_batch.NodeBatch(g).build(), {})
         self.assertLen(g.get_operations(), before)
 
+    def test_unique_name_under_an_active_name_scope(self):
+        # tf.distribute replica functions run under `replica_1/`: a name taken
+        # at the root must be seen as taken (this once looped forever).
+        g = tf.Graph()
+        with g.as_default():
+            tf.constant(1.0, name="conv/act_quant")
+            with tf.name_scope("replica_1"):
+                batch = node_batch.NodeBatch(g)
+                name = batch.unique_name("conv/act_quant")
+                self.assertEqual(name, "conv/act_quant_1")
+                self.assertEqual(batch.unique_name("fresh"), "fresh")
+                batch.node(name, "NoOp")
+                batch.build()
+            # Marked used at the root, not under the scope.
+            self.assertEqual(g.unique_name("conv/act_quant_1", mark_as_used=False),
+                             "conv/act_quant_1_1")
+            self.assertEqual(g.unique_name("replica_1/conv/act_quant_1", mark_as_used=False),
+                             "replica_1/conv/act_quant_1")
+
+    def test_unique_name_is_bounded(self):
+        g = tf.Graph()
+        with g.as_default():
+            for i in range(4):
+                tf.constant(1.0, name="a" if i == 0 else "a_%d" % i)
+        batch = node_batch.NodeBatch(g)
+        limit = node_batch.MAX_NAME_TRIES
+        node_batch.MAX_NAME_TRIES = 3
+        self.addCleanup(setattr, node_batch, "MAX_NAME_TRIES", limit)
+        with self.assertRaisesRegex(RuntimeError, "No free name for 'a' after 3 tries"):
+            batch.unique_name("a")
+
 
 if __name__ == "__main__":
     absltest.main()

@@ -119,6 +119,17 @@ class PlacementTest(parameterized.TestCase):
         for op in graph.get_operations():
             self.assertEqual(op.device, "", op.name)
 
+    def test_shared_variable_device_of_distributed_variables(self):
+        # MirroredStrategy's variables in GLOBAL_VARIABLES have no op device of
+        # their own: the primary copy's device is used.
+        tf1.disable_eager_execution()
+        graph = tf.Graph()
+        with graph.as_default():
+            strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+            with strategy.scope():
+                tf1.get_variable("w", [2], use_resource=True)
+        self.assertIn("CPU:0", placement.shared_variable_device(graph))
+
 
 if __name__ == "__main__":
     absltest.main()

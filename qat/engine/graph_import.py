@@ -188,3 +188,20 @@ def _wrap_new_ops(graph: tf.Graph, inputs: Iterable[tf.Tensor]) -> List[tf.Opera
     graph._check_not_finalized()  # pylint: disable=protected-access
     return [graph._create_op_from_tf_operation(c_op, compute_device=False)  # pylint: disable=protected-access
             for c_op in graph.new_operations()]
+
+
+def name_in_use(graph: tf.Graph, key: str) -> bool:
+    """Whether the lower-cased absolute name `key` is in the graph's names-in-use table.
+
+    Read directly, not through `graph.unique_name`, which prepends the active
+    name scope (a rewrite called inside `tf.name_scope("replica_1")`, as
+    `tf.distribute` replica functions are, would never see its own name).
+    """
+    return graph._names_in_use.get(key, 0) > 0  # pylint: disable=protected-access
+
+
+def mark_name_used(graph: tf.Graph, key: str) -> None:
+    """Marks the absolute name `key` used, as a Python constructor would."""
+    names = graph._names_in_use  # pylint: disable=protected-access
+    if not names.get(key, 0):
+        names[key] = 1

@@ -71,6 +71,11 @@ def _rescoped(name: str, old: str, new: str) -> str:
     return name
 
 
+# How many `<name>_<i>` candidates `NodeBatch.unique_name` tries at most: a
+# rewrite must never loop forever, whatever the graph's names are.
+MAX_NAME_TRIES = 1_000_000
+
+
 # graph -> (ops seen, the lower-cased names and scopes of those ops).
 _USED_SCOPES: "weakref.WeakKeyDictionary[tf.Graph, Tuple[int, Set[str]]]" = (
     weakref.WeakKeyDictionary())
@@ -136,7 +141,7 @@ class NodeBatch(object):
         key = name.lower()
         if key in self._reserved:
             return True
-        if self._graph.unique_name(name, mark_as_used=False) != name:
+        if graph_import.name_in_use(self._graph, key):
             return True  # Used by an op or name scope of the graph.
         if self._used is None:
             self._used = _used_scopes(self._graph)
@@ -158,6 +163,10 @@ class NodeBatch(object):
         candidate, i = name, 0
         while self._taken(candidate):
             i += 1
+            if i > MAX_NAME_TRIES:
+                raise RuntimeError(
+                    f"No free name for '{name}' after {MAX_NAME_TRIES} tries "
+                    f"('{name}_1' ... '{candidate}' are all taken).")
             candidate = "%s_%d" % (name, i)
         self._reserved.add(candidate.lower())
         return candidate
@@ -372,8 +381,7 @@ class NodeBatch(object):
         graph = self._graph
         ops = graph_import.import_nodes(graph, self._gdef, self._serialized(), self._ext, self._nodes)
         for name in self._reserved.union(n.lower() for n in self._nodes):
-            if graph.unique_name(name, mark_as_used=False) == name:
-                graph.unique_name(name, mark_as_used=True)
+            graph_import.mark_name_used(graph, name)
         return ops
 
     def tensor(self, ops: Dict[str, tf.Operation], ref: Optional[str]) -> Optional[tf.Tensor]:

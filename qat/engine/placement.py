@@ -82,9 +82,25 @@ def shared_variable_device(graph: tf.Graph) -> str:
     candidates = list(graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP))
     candidates += graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     for variable in candidates:
-        if variable.op.device:
-            return variable.op.device
+        device = _variable_op_device(variable)
+        if device:
+            return device
     return ""
+
+
+def _variable_op_device(variable) -> str:
+    """The device of `variable`'s op; a distributed variable's primary copy's.
+
+    A `tf.distribute` variable (MirroredVariable, SyncOnReadVariable) in a
+    collection has no op of its own (its `op` is a `DistributedVarOp` with no
+    device): its first component, the one on the first replica's device,
+    stands for it.
+    """
+    primary = getattr(variable, "_primary", None)
+    if primary is not None:
+        variable = primary
+    op = getattr(variable, "op", None)
+    return getattr(op, "device", "") or ""
 
 
 class Placement(object):

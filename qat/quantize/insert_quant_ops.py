@@ -31,6 +31,8 @@ from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
 from qat.quantize import control_flow
 from qat.quantize import quantizer_batch
+from qat.quantize import replica_stats
+from qat.quantize import worker_ranges
 from qat.quantize import standalone_batch_norm
 from qat.quantize.plan import Plan
 from qat.quantize.plan import Planner
@@ -215,6 +217,9 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     step = step_counter.step_for(rewrite) if config.is_training or config.quant_delay else None
     placement = placement_lib.Placement(graph)
     specs = [_spec(plan, config, placement) for plan in plans]
+    all_reduce = worker_ranges.for_current_strategy() if config.is_training else None
+    for spec in specs:
+        spec.all_reduce = all_reduce  # Ranges equal on every worker.
     indices = {}   # plan position -> quantizer index
     quantized = {}  # tensor -> node its consumers read instead
 
@@ -234,6 +239,7 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
             spec.range_of = indices[j]
             spec.range_before_update = plan.before_update
         spec.statistics_of = tuple(plan.members)
+        spec.earlier_range = plan.earlier  # A replica's range from an earlier call.
         indices[k] = batch.add(spec, step, input_ref=input_ref)
         out = batch.output(indices[k])
         quantized[plan.tensor] = out
@@ -275,6 +281,8 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     for k, plan in enumerate(plans):
         if k not in indices:
             add(k)  # A standalone batch norm that keeps its float form.
+    if config.is_training:
+        replica_stats.join_statistics(rewrite, _earlier_members(plans))
     batch.finish()
     if not done:
         rewrite.add_to_collection(preconditions.REWRITES_COLLECTION,
@@ -323,6 +331,16 @@ def _zero_guard(nodes, raw: tf.Tensor, quantized: str, prefix: str) -> str:
                          **{marks.ATTR: marks.ZERO_GUARD})
     return nodes.node(scope + "/Select", "SelectV2", [nonzero, quantized, nodes.external(raw)],
                       T=dtype, **{marks.ATTR: marks.ZERO_GUARD})
+
+
+def _earlier_members(plans: List[Plan]) -> dict:
+    """{earlier range's variable scope: the tensors of this call that read it}."""
+    members = {}
+    for plan in plans:
+        if plan.earlier is not None:
+            prefix = plan.earlier[2].op.inputs[0].op.name.rsplit("/", 1)[0]  # <prefix>/min
+            members.setdefault(prefix, []).append(plan.tensor)
+    return members
 
 
 def _warn_unconsumed(tensor: tf.Tensor, quantized: tf.Tensor) -> None:

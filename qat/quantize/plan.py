@@ -51,6 +51,7 @@ from qat.quantize import plan_embeddings
 from qat.quantize import plan_graph
 from qat.quantize import plan_structures
 from qat.quantize import plan_weights
+from qat.quantize import replicas as replicas_lib
 from qat.quantize import shared_ranges
 from qat.quantize import standalone_batch_norm
 from qat.quantize.plan_graph import existing_quantizer  # pylint: disable=unused-import
@@ -81,6 +82,7 @@ class Plan:
     before_update: bool = False
     # A group's own plan: the other members, whose statistics join its own.
     members: List[tf.Tensor] = dataclasses.field(default_factory=list)
+    earlier: Optional[tuple] = None  # An earlier call's range (`qat.quantize.replica_stats`).
 
 
 class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
@@ -210,6 +212,7 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         it first, which both graphs share: `<reader scope>/input_quant`.
         """
         readers = [r for r in self._final_readers(s) if r in self.inference_ops]
+        readers = replicas_lib.behind_batch_splits(readers, self._final_readers)
         if not readers:
             return plan_graph.own_context(s.op)
         return plan_graph.own_context(min(readers, key=lambda o: o._id))  # pylint: disable=protected-access
@@ -405,4 +408,4 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             self.visit(op)
         self._revisit_deferred()
         shared_ranges.plan(self, ordered)
-        return list(self.plans.values())
+        return replicas_lib.share(self, list(self.plans.values()))

@@ -96,6 +96,8 @@ class QuantizerBatch(range_updates.RangeUpdates):
         # Per quantizer: (min variable, max variable) of the range it reads,
         # and the (min, max) nodes its FakeQuant reads.
         self._variables: List[tuple] = []
+        # An earlier call's (min, max) reads before the update, or None.
+        self._earlier: List[Optional[tuple]] = []
         self._ranges: List[tuple] = []
         self._device = ""           # Of the quantizer being added.
         self._variable_device = ""
@@ -196,20 +198,30 @@ class QuantizerBatch(range_updates.RangeUpdates):
         else:
             rank = spec.inputs.shape.rank
             channels = spec.inputs.shape[-1] if spec.per_channel else None
-        if spec.range_of is not None:
+        if spec.earlier_range is not None:
+            # An earlier call's range: its variables are what its reads read.
+            min_var, max_var = [t.op.inputs[0].op.name for t in spec.earlier_range[2:]]
+            lo, hi = [self._external(t) for t in spec.earlier_range[:2]]
+            self._earlier.append(tuple(spec.earlier_range[2:]))
+        elif spec.range_of is not None:
             min_var, max_var = self._variables[spec.range_of]
+            earlier = self._earlier[spec.range_of]
             if spec.is_training and not spec.range_before_update:
                 lo, hi = self._ranges[spec.range_of]
+            elif earlier is not None:
+                lo, hi = [self._external(t) for t in earlier]
             elif spec.is_training:
                 lo = self._variables_emitter.before_update(min_var, self._variable_device)
                 hi = self._variables_emitter.before_update(max_var, self._variable_device)
             else:
                 lo = self._variables_emitter.snapshot(min_var)
                 hi = self._variables_emitter.snapshot(max_var)
+            self._earlier.append(earlier)
         else:
             var_shape = [int(channels)] if spec.per_channel else []
             min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
             max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
+            self._earlier.append(None)
             if spec.is_training:
                 lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
             else:

@@ -108,6 +108,8 @@ class QuantizerSpec:
     range_of: Optional[int] = None
     range_before_update: bool = False
     statistics_of: Tuple[tf.Tensor, ...] = ()
+    earlier_range: Optional[Tuple[tf.Tensor, ...]] = None
+    all_reduce: Optional[object] = None
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""
@@ -119,10 +121,10 @@ class QuantizerSpec:
                 f"Cannot quantize '{self.inputs.name}': FakeQuant needs float32 "
                 f"(float16 and bfloat16 are cast to float32 and back), got "
                 f"{self.inputs.dtype.name}.")
-        if self.range_of is not None and (self.per_channel or self.statistics_of):
+        if self.range_of is not None and self.statistics_of:
             raise ValueError(
-                f"'{self.prefix}' reads another quantizer's range: it can be "
-                "neither per-channel nor have statistics of its own.")
+                f"'{self.prefix}' reads another quantizer's range: it cannot "
+                "have statistics of its own.")
         if self.per_channel:
             shape = (tf.TensorShape(self.channel_reshape)
                      if self.channel_reshape else self.inputs.shape)

@@ -29,6 +29,8 @@ class RangeUpdates(object):
         for k, t in enumerate(spec.statistics_of):
             # A concatenation's group: the range covers every member.
             q = "%s/member_%d" % (p, k)
+            # Reduced where the member is (another replica's device).
+            self._device = t.op.device or spec.device
             y = self._external(t)
             low = low_precision_dtype(t)
             if low is not None:
@@ -36,11 +38,16 @@ class RangeUpdates(object):
             y_min, y_max = self._batch_range(
                 dataclasses.replace(spec, per_channel=False), q, y, t.shape.rank,
                 t.op.type in ("Relu", "Relu6"))
+            self._device = spec.device
             if y_min is not None:
                 batch_min = y_min if batch_min is None else self._node(
                     q + "/GroupMin", "Minimum", [batch_min, y_min], T=_FLOAT)
             batch_max = self._node(q + "/GroupMax", "Maximum", [batch_max, y_max],
                                    T=_FLOAT)
+        if spec.all_reduce is not None:  # The same range on every worker.
+            if batch_min is not None:
+                batch_min = spec.all_reduce.emit(self._nodes, p + "/all_reduce_min", batch_min, "Min")
+            batch_max = spec.all_reduce.emit(self._nodes, p + "/all_reduce_max", batch_max, "Max")
         nonnegative = batch_min is None
         if nonnegative:
             # min(batch) >= 0, so min(batch_min, 0) = 0 and max(batch_max, 0)
