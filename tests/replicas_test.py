@@ -106,7 +106,8 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase, zoo_util.ZooAsserti
                 _, values = sess.run([train_op, raws], {images: x, labels: y})
                 for prefix, tensors in values.items():
                     expected[prefix] = _update(expected.get(prefix), tensors,
-                                               weights="weights_quant" in prefix)
+                                               weights="weights_quant" in prefix,
+                                               step=step + 1)
             got = sess.run({v.op.name: v for v in ranges})
             for prefix, (lo, hi) in expected.items():
                 self.assertAllClose(got[prefix + "/min"], lo, rtol=1e-5, atol=1e-6, msg=prefix)
@@ -215,16 +216,18 @@ def _tails(paths) -> str:
     return "\n".join(out)
 
 
-def _update(previous, tensors, weights: bool):
-    """The combination rule in numpy: min of mins, max of maxes, one EMA step
-    (weights: symmetric_weights=True, last value)."""
+def _update(previous, tensors, weights: bool, step: int):
+    """The combination rule in numpy: min of mins, max of maxes, one step of
+    the bias-corrected moving average at quantization step `step` (1 on the
+    first run; weights: symmetric_weights=True, last value)."""
     lo = np.float32(min(0.0, min(float(np.min(t)) for t in tensors)))
     hi = np.float32(max(0.0, max(float(np.max(t)) for t in tensors)))
     if weights:   # Last value, symmetric and narrow: [-a, a].
         return np.float32(min(lo, -hi)), np.float32(max(hi, -lo))
     if previous is None:   # The first batch's range.
         return lo, hi
-    rate = np.float32(1.0 - EMA_DECAY)
+    decay = np.float32(EMA_DECAY)
+    rate = np.float32(np.float32(1.0) - decay) / np.float32(np.float32(1.0) - decay ** np.float32(step))
     return (np.float32(previous[0] - (previous[0] - lo) * rate),
             np.float32(previous[1] - (previous[1] - hi) * rate))
 
