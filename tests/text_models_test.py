@@ -198,6 +198,27 @@ class TextModelsTest(zoo_util.ZooAssertions, parameterized.TestCase):
         self.assertIn("proj/input_quant", names[1])
 
 
+class FinetuneTextTest(absltest.TestCase):
+
+    def test_fine_tune_reaches_float_accuracy_in_int8(self):
+        """tools/finetune_text.py at a small size: float -> QAT -> int8 TFLite."""
+        from tools import finetune_text  # pylint: disable=g-import-not-at-top
+        workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+        # One block of the issue's width: the int8 / float size is the
+        # encoder's, not the flatbuffer overhead of a toy.
+        cfg = text.TextConfig(blocks=1)
+        results = finetune_text.run_all("bert_nn", cfg, float_steps=60, fine_tune_steps=10,
+                                        scratch_steps=0, quant_delay=0, batch=32, rate=1e-3,
+                                        test_examples=256, workdir=workdir)
+        print(finetune_text.format_results(results, {"float": 60, "fine_tune": 10}))
+        self.assertNotIn("scratch", results)
+        self.assertGreaterEqual(results["float"].graph_accuracy, 0.95)
+        tuned = results["fine_tune"]
+        self.assertGreaterEqual(tuned.tflite_accuracy, results["float"].graph_accuracy - 0.01)
+        self.assertGreaterEqual(tuned.agreement, 0.99)
+        self.assertLessEqual(tuned.tflite_bytes, 0.3 * results["float"].tflite_bytes)
+
+
 def _input_details(model):
     from ai_edge_litert.interpreter import Interpreter  # pylint: disable=g-import-not-at-top
     return Interpreter(model_content=model).get_input_details()[0]

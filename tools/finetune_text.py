@@ -171,7 +171,10 @@ def run_tflite_ids(model: bytes, ids: np.ndarray) -> np.ndarray:
 def run_all(style: str, cfg: text.TextConfig, float_steps: int, fine_tune_steps: int,
             scratch_steps: int, quant_delay: int, batch: int, rate: float,
             test_examples: int, workdir: str, seed: int = 0) -> Dict[str, RunResult]:
-    """The procedure of the module; returns {"float", "fine_tune", "scratch": RunResult}."""
+    """The procedure of the module; returns {"float", "fine_tune", "scratch": RunResult}.
+
+    A QAT run of 0 steps is left out.
+    """
     test = text.token_task(test_examples, cfg, seed=_TEST_SEED)
     results = {}
     start = time.time()
@@ -183,6 +186,8 @@ def run_all(style: str, cfg: text.TextConfig, float_steps: int, fine_tune_steps:
     runs = (("fine_tune", fine_tune_steps, rate / 10, float_ckpt, 0),
             ("scratch", scratch_steps, rate, None, quant_delay))
     for label, steps, run_rate, init, delay in runs:
+        if not steps:
+            continue
         start = time.time()
         ckpt = os.path.join(workdir, label, "model")
         loss = train(style, cfg, steps, ckpt, run_rate, batch, True, init_checkpoint=init,
