@@ -201,14 +201,18 @@ def run_all(style: str, cfg: text.TextConfig, float_steps: int, fine_tune_steps:
     return results
 
 
+def _fmt(value: Optional[float]) -> str:
+    return "-" if value is None else "%.4f" % value
+
+
 def format_results(results: Dict[str, RunResult], steps: Dict[str, int]) -> str:
+    """The figures of `run_all` as a table, with the int8 / float size ratio."""
     lines = ["%-10s %6s %10s %10s %10s %10s %10s %8s" % (
         "run", "steps", "loss", "graph acc", "int8 acc", "agreement", "bytes", "seconds")]
     for label, r in results.items():
-        fmt = lambda v: "-" if v is None else "%.4f" % v  # pylint: disable=unnecessary-lambda-assignment
         lines.append("%-10s %6d %10.4f %10.4f %10s %10s %10s %8.1f" % (
-            label, steps[label], r.final_loss, r.graph_accuracy, fmt(r.tflite_accuracy),
-            fmt(r.agreement), r.tflite_bytes, r.seconds))
+            label, steps[label], r.final_loss, r.graph_accuracy, _fmt(r.tflite_accuracy),
+            _fmt(r.agreement), r.tflite_bytes, r.seconds))
     float_bytes = results["float"].tflite_bytes
     for label in ("fine_tune", "scratch"):
         if label in results:

@@ -11,8 +11,6 @@ TFLite kernel after a GATHER reads.
 Where the data path leaves integers otherwise (a cast of an integer input,
 a lookup with batch dimensions), the op is named in `left_float`.
 """
-import tensorflow as tf
-
 from qat.quantize import embeddings
 
 _CAST_REASON = (
@@ -29,7 +27,8 @@ class EmbeddingPlanning(object):
 
     def plan_embeddings(self) -> None:
         """Plans the table ranges; names what stays float on the way in."""
-        for op, table in sorted(self.entries.items(), key=lambda e: e[0]._id):  # pylint: disable=protected-access
+        order = lambda entry: entry[0]._id  # pylint: disable=protected-access,unnecessary-lambda-assignment
+        for op, table in sorted(self.entries.items(), key=order):
             if not self._in_scope(op):
                 self._leave(op.name, "outside scope %r" % self.scope)
                 continue
@@ -52,7 +51,3 @@ class EmbeddingPlanning(object):
             self._plan(table, embeddings.table_name(table), "weights_quant", -6.0,
                        self.consumers(table), is_weight=True)
 
-
-def is_lookup_output(planner, t: tf.Tensor) -> bool:
-    """Whether `t` is an embedding lookup's output (its table's scale)."""
-    return planner.entries.get(t.op) is not None
