@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from qat.quantize import op_table
+from qat.quantize import patterns as quantize_patterns
 from qat.report import structure
 
 
@@ -83,7 +84,8 @@ def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
 
 
 def _computes_with(t: tf.Tensor) -> bool:
-    """Whether an own-range kernel (a matmul, an add) reads `t`, through Identity ops."""
+    """Whether a layer or an own-range kernel (a matmul, an add) reads `t`,
+    through Identity ops."""
     stack, seen = [t], set()
     while stack:
         for c in stack.pop().consumers():
@@ -92,7 +94,7 @@ def _computes_with(t: tf.Tensor) -> bool:
             seen.add(c)
             if c.type == "Identity":
                 stack.append(c.outputs[0])
-            elif c.type in op_table.OWN_RANGE_TYPES:
+            elif c.type in op_table.OWN_RANGE_TYPES or c.type in quantize_patterns.LAYER_TYPES:
                 return True
     return False
 
@@ -109,7 +111,7 @@ def unquantized_tensors_tflite_rounds(path: Sequence[tf.Operation], graph: tf.Gr
     next layer's gain multiplies. Fixed-range ops (softmax, logistic, tanh)
     round to their fixed grid in TFLite (a softmax to 1/256), where the eval
     graph keeps them exact: over a 32-token attention the context matmul
-    sums 32 such roundings; where an integer kernel computes with them (not
+    sums 32 such roundings; where a layer or an integer kernel computes with them (not
     where they are the model output, whose own kernel is then checked), they
     are read from TFLite too. Reading their outputs from TFLite too keeps
     each row's own difference to that row's own kernel. A TFLite tensor is
