@@ -7,7 +7,7 @@ from absl.testing import absltest
 
 from qat import export
 from qat.export import inspect
-from export_util import build_model
+from export_util import build_int_input_model, build_model, make_int_inputs
 
 tf1 = tf.compat.v1
 
@@ -130,6 +130,65 @@ class RunnableTest(absltest.TestCase):
         with self.assertRaisesRegex(export.ConversionError, "BATCH_MATMUL"):
             export.export_tflite(["x"], ["y"], tempfile.mkdtemp(), sess=sess,
                                  flavours=("uint8",), input_ranges={"x": (0.0, 1.0)})
+
+
+class IntegerInputsTest(absltest.TestCase):
+    """Token ids and a mask (int32) beside a float input: fed as they are."""
+
+    def test_export_and_parity_without_a_range_for_integer_inputs(self):
+        _, sess, _ = build_int_input_model()
+        inputs = make_int_inputs(64)
+        results = export.export_tflite(["ids", "mask", "x"], ["output"], tempfile.mkdtemp(),
+                                       sess=sess, parity_inputs=inputs, max_diff_steps=1.01,
+                                       min_top1_agreement=1.0)
+        reference = export.run_graph(sess, ["ids", "mask", "x"], "output", inputs)
+        sess.close()
+        for flavour, result in results.items():
+            types = {result.report.tensors[i].name: np.dtype(result.report.tensors[i].dtype)
+                     for i in result.report.inputs}
+            self.assertEqual(types["ids"], np.int32, flavour)
+            self.assertEqual(types["mask"], np.int32, flavour)
+            self.assertEqual(result.parity.num_examples, 64, flavour)
+            self.assertLessEqual(result.parity.max_diff_steps, 1.01, flavour)
+            # The ids index the table: TFLite's outputs follow the eval graph's.
+            lite = export.run_tflite(result.model, inputs)
+            self.assertLess(np.abs(lite - reference).max(), 0.1, flavour)
+            self.assertGreater(np.std(lite[:, 0]), 0.2, flavour)
+
+    def test_only_a_float_input_needs_a_range(self):
+        graph = tf.Graph()
+        with graph.as_default():
+            ids = tf1.placeholder(tf.int32, [None, 4], name="ids")
+            x = tf1.placeholder(tf.float32, [None, 3], name="x")
+            table = tf.quantization.fake_quant_with_min_max_args(
+                tf.constant(np.linspace(-1, 1, 30, dtype=np.float32).reshape(10, 3)),
+                -1.0, 1.0, narrow_range=True)
+            emb = tf.quantization.fake_quant_with_min_max_args(
+                tf.reduce_sum(tf.gather(table, ids), 1), -4.0, 4.0)
+            tf.identity(tf.quantization.fake_quant_with_min_max_args(emb + x, -5.0, 5.0),
+                        name="y")
+            sess = tf1.Session()
+        with self.assertRaisesRegex(export.ExportError, r"float input 'x' has no range") as ctx:
+            export.export_tflite(["ids", "x"], ["y"], tempfile.mkdtemp(), sess=sess)
+        self.assertNotIn("'ids'", str(ctx.exception))
+        rng = np.random.RandomState(0)
+        inputs = {"ids": rng.randint(0, 10, (16, 4)).astype(np.int32),
+                  "x": rng.uniform(0, 1, (16, 3)).astype(np.float32)}
+        results = export.export_tflite(["ids", "x"], ["y"], tempfile.mkdtemp(), sess=sess,
+                                       default_input_range=(0.0, 1.0), parity_inputs=inputs,
+                                       max_diff_steps=1.01)
+        sess.close()
+        for flavour, result in results.items():
+            self.assertLessEqual(result.parity.max_diff_steps, 1.01, flavour)
+
+    def test_missing_parity_input_is_named(self):
+        _, sess, _ = build_int_input_model()
+        inputs = make_int_inputs(8)
+        del inputs["mask"]
+        with self.assertRaisesRegex(export.ParityError, r"no examples for input\(s\) \['mask'\]"):
+            export.export_tflite(["ids", "mask", "x"], ["output"], tempfile.mkdtemp(),
+                                 sess=sess, flavours=("int8",), parity_inputs=inputs)
+        sess.close()
 
 
 if __name__ == "__main__":

@@ -91,5 +91,51 @@ class ExportCliTest(absltest.TestCase):
         self.assertIn("parity thresholds missed by: uint8", err)
 
 
+class IntegerInputsCliTest(absltest.TestCase):
+    """int32 ids and mask beside a float input: no --input_range, parity fed as they are."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tmp = tempfile.mkdtemp()
+        graph, sess, saver = export_util.build_int_input_model()
+        with graph.as_default():
+            cls.prefix = saver.save(sess, os.path.join(cls.tmp, "ckpt", "model.ckpt"))
+        sess.close()
+
+    def _export(self, parity, *extra):
+        out_dir = os.path.join(self.tmp, "models")
+        return run_tool(f"--graph={self.prefix}.meta", f"--checkpoint={self.prefix}",
+                        "--inputs=ids,mask,x", "--outputs=output", f"--output_dir={out_dir}",
+                        f"--parity={parity}", "--max_diff_steps=1.01", "--fail_on_parity",
+                        *extra)
+
+    def test_npz_parity_inputs(self):
+        inputs = os.path.join(self.tmp, "inputs.npz")
+        np.savez(inputs, **export_util.make_int_inputs(40))
+        rc, out, err = self._export(inputs)
+        self.assertEqual(rc, 0, err)
+        for flavour in ("uint8", "int8"):
+            self.assertRegex(out, flavour + r": .* fully integer")
+        self.assertRegex(out, r"parity: top-1 agreement 100.00% over 40 examples.*ok")
+
+    def test_random_parity_inputs_and_a_range_for_float_inputs_only(self):
+        # Random ids and mask values in [0, 2): valid indices of both tables.
+        rc, out, err = self._export("random", "--parity_examples=20", "--input_range=0,1")
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(out, r"parity: top-1 agreement [\d.]+% over 20 examples.*ok")
+        self.assertNotIn("gather index out of bounds", err)
+
+    def test_npz_without_an_input_is_named(self):
+        inputs = os.path.join(self.tmp, "partial.npz")
+        partial = export_util.make_int_inputs(4)
+        del partial["mask"]
+        np.savez(inputs, **partial)
+        rc, _, err = self._export(inputs)
+        self.assertEqual(rc, 1)
+        self.assertIn("has no array for input(s) ['mask']", err)
+        self.assertNotIn("Traceback", err)
+
+
 if __name__ == "__main__":
     absltest.main()

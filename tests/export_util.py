@@ -50,3 +50,49 @@ def build_model(use_resource=True, unquantized_add=False, seed=0, weight_range=(
 
 def make_inputs(n=64, seed=1):
     return np.random.RandomState(seed).uniform(0.0, 1.0, (n, 8, 8, 1)).astype(np.float32)
+
+
+VOCAB, SEQ = 50, 8
+
+
+def build_int_input_model(seed=0):
+    """Token ids and a mask (int32) and a float input: embeddings summed under the mask.
+
+    ids [None, 8] index a [50, 6] table; mask [None, 8] (0/1) selects the
+    tokens summed; x [None, 6] is added. Returns (graph, session with
+    initialized variables, saver).
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf1.placeholder(tf.int32, [None, SEQ], name="ids")
+        mask = tf1.placeholder(tf.int32, [None, SEQ], name="mask")
+        x = tf1.placeholder(tf.float32, [None, 6], name="x")
+        with tf1.variable_scope("net"):
+            table = tf1.get_variable(
+                "embeddings", [VOCAB, 6],
+                initializer=tf1.random_uniform_initializer(-1.0, 1.0, seed=seed))
+            table = _fq(table, -1.0, 1.0, "table_quant/FakeQuantWithMinMaxVars", True)
+            emb = _fq(tf.gather(table, ids), -1.0, 1.0, "emb_quant/FakeQuantWithMinMaxVars")
+            # The mask picks a weight 0 or 1 per token (a gather: integer in TFLite,
+            # where a Cast of the mask to float would compute in float).
+            keep = _fq(tf.constant([[0.0], [1.0]]), 0.0, 1.0,
+                       "keep_quant/FakeQuantWithMinMaxVars", True)
+            weights = _fq(tf.gather(keep, mask), 0.0, 1.0, "mask_quant/FakeQuantWithMinMaxVars")
+            kept = _fq(emb * weights, -1.0, 1.0, "kept_quant/FakeQuantWithMinMaxVars")
+            pooled = _fq(tf.reduce_sum(kept, 1), -8.0, 8.0,
+                         "pool_quant/FakeQuantWithMinMaxVars")
+            xq = _fq(x, 0.0, 1.0, "input_quant/FakeQuantWithMinMaxVars")
+            out = _fq(pooled + xq, -9.0, 9.0, "act_quant/FakeQuantWithMinMaxVars")
+        tf.identity(out, name="output")
+        saver = tf1.train.Saver()
+        sess = tf1.Session(graph=graph)
+        sess.run(tf1.global_variables_initializer())
+    return graph, sess, saver
+
+
+def make_int_inputs(n=64, seed=1):
+    """{input name: examples} for `build_int_input_model`."""
+    rng = np.random.RandomState(seed)
+    return {"ids": rng.randint(0, VOCAB, (n, SEQ)).astype(np.int32),
+            "mask": rng.randint(0, 2, (n, SEQ)).astype(np.int32),
+            "x": rng.uniform(0.0, 1.0, (n, 6)).astype(np.float32)}

@@ -362,9 +362,11 @@ class ApiErrorsTest(absltest.TestCase):
         np.testing.assert_allclose(ranges[0], batch_ranges[0], rtol=0,
                                    atol=float(np.spacing(np.float32(6.0))))
         self.assertLess(ranges[0][1], 3.0)
-        # ... later runs average it (decay 0.999).
-        expected = np.array(ranges[0]) - 0.001 * (np.array(ranges[0]) - batch_ranges[1])
-        np.testing.assert_allclose(ranges[1], expected, rtol=1e-5)
+        # ... the second run averages the two batches with the bias-corrected
+        # rate (1 - 0.999) / (1 - 0.999^2), not 1 - 0.999.
+        rate = 0.001 / (1.0 - 0.999 ** 2)
+        expected = np.array(ranges[0]) - rate * (np.array(ranges[0]) - batch_ranges[1])
+        np.testing.assert_allclose(ranges[1], expected, rtol=1e-4)
 
     def test_eager_mode_error(self):
         code = ("import qat\n"

@@ -17,6 +17,7 @@ import qat  # pylint: disable=g-import-not-at-top
 from qat import report  # pylint: disable=g-import-not-at-top
 from qat.report import numerics  # pylint: disable=g-import-not-at-top
 from qat.report import plots  # pylint: disable=g-import-not-at-top
+import export_util  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 _TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -421,6 +422,43 @@ class DigitsReportTest(absltest.TestCase):
                              env=env, timeout=300, check=False)
         self.assertEqual(bad.returncode, 1)
         self.assertIn("does not exist", bad.stderr)
+
+
+class IntegerInputsNumericsTest(absltest.TestCase):
+    """Token ids and a mask (int32) beside a float input, API and CLI."""
+
+    def test_rows_on_the_id_path_within_one_step(self):
+        _, sess, _ = export_util.build_int_input_model()
+        samples = export_util.make_int_inputs(32)
+        result = report.layer_numerics_from_session(sess, ["ids", "mask", "x"], ["output"],
+                                                    samples, flavour="int8")
+        sess.close()
+        self.assertEqual(result.num_examples, 32)
+        rows = {r.name: r for r in result.rows}
+        for name in ("net/emb_quant", "net/mask_quant", "net/kept_quant", "net/pool_quant",
+                     "net/input_quant", "net/act_quant"):
+            self.assertIn(name, rows)
+            self.assertLessEqual(rows[name].max_own_steps, 1.0 + 1e-3, name)
+        self.assertGreater(rows["net/emb_quant"].sqnr_qat_db, 30.0)
+
+    def test_cli_reads_an_npz_per_input(self):
+        tmp = tempfile.mkdtemp()
+        graph, sess, saver = export_util.build_int_input_model()
+        with graph.as_default():
+            prefix = saver.save(sess, os.path.join(tmp, "model.ckpt"))
+        sess.close()
+        samples = os.path.join(tmp, "samples.npz")
+        np.savez(samples, **export_util.make_int_inputs(16))
+        proc = subprocess.run(
+            [sys.executable, _TOOL, f"--graph={prefix}.meta", f"--checkpoint={prefix}",
+             "--outputs=output", "--inputs=ids,mask,x", f"--samples={samples}",
+             f"--output_dir={tmp}/report", "--flavour=int8", "--noplots"],
+            capture_output=True, text=True, timeout=300, check=False,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertRegex(proc.stdout, r"numerics \(int8, 16 examples")
+        self.assertIn("net/emb_quant", proc.stdout)
+
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ The graph is an eval graph (after qat.create_eval_graph): a MetaGraphDef (.meta)
 or a GraphDef (.pb binary, .pbtxt text) with a checkpoint, or a frozen GraphDef.
 Every model is checked to be fully integer (a float op left over is an error
 naming the TF op that had no range); --parity compares the models with the
-graph on random or given inputs.
+graph on random or given inputs. Integer inputs (token ids, masks) stay
+integer inputs of the model and need no --input_range.
 
 Exit status: 0 done; 1 bad input or a model not fully integer; 3 a parity
 threshold missed with --fail_on_parity.
@@ -31,15 +32,20 @@ flags.DEFINE_enum("flavour", "both", ["uint8", "int8", "both"], "Which TFLite mo
 flags.DEFINE_string("output_dir", "out/tflite", "Directory for <name>_<flavour>.tflite.")
 flags.DEFINE_string("name", "model", "File name stem of the models.")
 flags.DEFINE_list("input_range", None,
-                  "MIN,MAX of the real input values (all inputs). Default: the range of "
-                  "a FakeQuant reading the input, if there is one.")
+                  "MIN,MAX of the real input values (all float inputs; integer inputs such "
+                  "as token ids and masks need none). Default: the range of a FakeQuant "
+                  "reading the input, if there is one.")
 flags.DEFINE_bool("int8_io", False, "int8 instead of float input/output for the int8 model.")
 flags.DEFINE_bool("allow_float", False,
                   "Write models that still hold float ops instead of failing.")
 flags.DEFINE_bool("list_ops", False, "Print every operator with its tensor types.")
 flags.DEFINE_string("parity", "none",
-                    "'none', 'random', or a .npy file of float inputs (examples first).")
+                    "'none', 'random', a .npy file of the first input's examples, or a .npz "
+                    "file with one array per input named after it (examples first).")
 flags.DEFINE_integer("parity_examples", 256, "Number of random parity inputs.")
+flags.DEFINE_integer("parity_int_high", 2,
+                     "Random parity values of integer inputs (ids, masks) are in "
+                     "[0, parity_int_high).")
 flags.DEFINE_integer("seed", 0, "Seed of the random parity inputs.")
 flags.DEFINE_float("min_agreement", 99.0, "Parity threshold: top-1 agreement in percent.")
 flags.DEFINE_float("max_diff_steps", None,
@@ -58,24 +64,36 @@ def _input_shape(graph_def, name):
     return None
 
 
+def _input_dtype(graph_def, name):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from qat.export.freeze import op_name  # pylint: disable=g-import-not-at-top
+    for node in graph_def.node:
+        if node.name == op_name(name) and "dtype" in node.attr:
+            return tf.dtypes.as_dtype(node.attr["dtype"].type).as_numpy_dtype
+    return np.float32
+
+
 def _parity_inputs(graph_def, input_range):
+    from qat import export  # pylint: disable=g-import-not-at-top
     if FLAGS.parity == "none":
         return None
     if FLAGS.parity != "random":
-        if not os.path.exists(FLAGS.parity):
-            raise ValueError(f"--parity={FLAGS.parity!r}: no such .npy file "
-                             "(use 'random' or 'none', or an existing file)")
-        try:
-            return np.load(FLAGS.parity).astype(np.float32)
-        except ValueError as e:
-            raise ValueError(f"--parity={FLAGS.parity!r} is not a readable .npy array: {e}")
-    shape = _input_shape(graph_def, FLAGS.inputs[0])
-    if shape is None:
-        raise ValueError(f"input {FLAGS.inputs[0]!r} has no fully known shape past the batch "
-                         "dimension: give parity inputs as a .npy file (--parity=FILE)")
+        return export.load_inputs(FLAGS.parity, FLAGS.inputs)
     lo, hi = input_range if input_range else (0.0, 1.0)
     rng = np.random.RandomState(FLAGS.seed)
-    return rng.uniform(lo, hi, [FLAGS.parity_examples] + shape).astype(np.float32)
+    inputs = {}
+    for name in FLAGS.inputs:
+        shape = _input_shape(graph_def, name)
+        if shape is None:
+            raise ValueError(f"input {name!r} has no fully known shape past the batch "
+                             "dimension: give parity inputs as a file (--parity=FILE)")
+        shape = [FLAGS.parity_examples] + shape
+        if export.is_float_input(graph_def, name):
+            inputs[name] = rng.uniform(lo, hi, shape).astype(np.float32)
+        else:  # Ids, masks: small integers, valid for any table.
+            inputs[name] = rng.randint(0, FLAGS.parity_int_high, shape).astype(
+                _input_dtype(graph_def, name))
+    return inputs if len(inputs) > 1 else inputs[FLAGS.inputs[0]]
 
 
 def main(argv):
@@ -106,7 +124,8 @@ def main(argv):
         results = export.export_tflite(
             FLAGS.inputs, FLAGS.outputs, FLAGS.output_dir, frozen_graph_def=frozen,
             flavours=flavours, name=FLAGS.name,
-            input_ranges={n: input_range for n in FLAGS.inputs} if input_range else None,
+            input_ranges=({n: input_range for n in FLAGS.inputs
+                           if export.is_float_input(frozen, n)} if input_range else None),
             int8_io=FLAGS.int8_io, require_integer=not FLAGS.allow_float,
             parity_inputs=parity_inputs)
     except (export.ExportError, ValueError) as e:

@@ -20,20 +20,21 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import numpy as np  # pylint: disable=g-import-not-at-top
 from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("graph", None, "Rewritten graph file: .meta, .pb or .pbtxt.")
 flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory (range values).")
 flags.DEFINE_list("outputs", None, "Output op names of the inference graph.")
-flags.DEFINE_string("inputs", "input", "The input placeholder (numerics).")
+flags.DEFINE_list("inputs", ["input"], "The input placeholder(s) (numerics).")
 flags.DEFINE_string("scope", None, "The scope the rewrite was given, if any.")
-flags.DEFINE_string("samples", None, ".npy file of float inputs (examples first): enables "
-                    "the per-layer numerics.")
+flags.DEFINE_string("samples", None, ".npy file of inputs (examples first), or .npz file "
+                    "with one array per input named after it (integer ids and masks fed as "
+                    "they are): enables the per-layer numerics.")
 flags.DEFINE_integer("max_samples", 256, "Use at most this many samples.")
 flags.DEFINE_enum("flavour", "uint8", ["uint8", "int8"], "TFLite model of the numerics.")
-flags.DEFINE_list("input_range", None, "MIN,MAX of the input, if no FakeQuant reads it.")
+flags.DEFINE_list("input_range", None,
+                  "MIN,MAX of the float inputs no FakeQuant reads (integer inputs need none).")
 flags.DEFINE_string("output_dir", "out/report", "Where report.txt/json and plots go.")
 flags.DEFINE_bool("plots", True, "Draw PNG plots (needs matplotlib).")
 flags.mark_flags_as_required(["graph", "outputs"])
@@ -42,13 +43,14 @@ flags.mark_flags_as_required(["graph", "outputs"])
 def main(argv):
     del argv
     from qat import report  # pylint: disable=g-import-not-at-top
+    from qat import export  # pylint: disable=g-import-not-at-top
     from qat.export import ExportError  # pylint: disable=g-import-not-at-top
     try:
         coverage = report.coverage_report_from_files(FLAGS.graph, FLAGS.checkpoint,
                                                      outputs=FLAGS.outputs, scope=FLAGS.scope)
         numerics = None
         if FLAGS.samples:
-            samples = np.load(FLAGS.samples)[:FLAGS.max_samples].astype(np.float32)
+            samples = export.load_inputs(FLAGS.samples, FLAGS.inputs, FLAGS.max_samples)
             input_range = (tuple(float(v) for v in FLAGS.input_range)
                            if FLAGS.input_range else None)
             numerics = report.layer_numerics_from_files(

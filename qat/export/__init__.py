@@ -10,6 +10,7 @@ from qat.export.convert import FLAVOURS
 from qat.export.convert import check_flavour
 from qat.export.convert import convert_frozen_graph
 from qat.export.convert import input_range_from_fake_quant
+from qat.export.convert import is_float_input
 from qat.export.convert import per_channel_fake_quants
 from qat.export.convert import quantized_input_stats
 from qat.export.convert import write_model
@@ -36,6 +37,7 @@ from qat.export.inspect import find_float_ops
 from qat.export.parity import ParityReport
 from qat.export.parity import check_parity
 from qat.export.parity import compare_outputs
+from qat.export.parity import load_inputs
 from qat.export.parity import parity_failures
 from qat.export.parity import run_graph
 from qat.export.parity import run_tflite
@@ -49,6 +51,7 @@ __all__ = [
     "TensorNameError", "check_finite", "check_flavour", "check_fully_integer", "check_parity",
     "check_runnable", "check_tensor_names", "checkpoint_prefix", "compare_outputs",
     "convert_frozen_graph", "describe_model", "export_tflite", "find_float_ops",
-    "freeze_graph_file", "freeze_session", "input_range_from_fake_quant", "load_graph_file",
+    "freeze_graph_file", "freeze_session", "input_range_from_fake_quant", "is_float_input",
+    "load_graph_file", "load_inputs",
     "parity_failures", "per_channel_fake_quants", "quantized_input_stats", "run_graph", "run_tflite", "write_model",
 ]

@@ -64,6 +64,17 @@ def input_range_from_fake_quant(graph_def: tf.compat.v1.GraphDef, input_name: st
     return None
 
 
+def is_float_input(graph_def: tf.compat.v1.GraphDef, input_name: str) -> bool:
+    """Whether graph input `input_name` is a float tensor (integer ids, masks are not).
+
+    An input whose type the graph does not say (no `dtype` attribute) counts as float.
+    """
+    for node in graph_def.node:
+        if node.name == op_name(input_name) and "dtype" in node.attr:
+            return tf.dtypes.as_dtype(node.attr["dtype"].type).is_floating
+    return True
+
+
 def per_channel_fake_quants(graph_def: tf.compat.v1.GraphDef) -> List[str]:
     """Names of the per-channel FakeQuant ops of `graph_def`, in graph order.
 
@@ -145,15 +156,16 @@ def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
         there is one; a different range given here is ignored with a warning).
       int8_io: for "int8", make the model's input and output int8 instead of
         float.
-      default_input_range: the range of inputs neither in `input_ranges` nor
-        read by a FakeQuant.
+      default_input_range: the range of float inputs neither in
+        `input_ranges` nor read by a FakeQuant. Integer inputs (token ids,
+        masks) need no range: TFLite keeps them as they are.
 
     Returns:
       The .tflite model bytes.
 
     Raises:
       TensorNameError: a name is not in the graph.
-      ExportError: an input has no range, the flavour is unknown, or uint8
+      ExportError: a float input has no range, the flavour is unknown, or uint8
         is asked of a graph with per-channel weight ranges.
       NonFiniteError: a weight or range is NaN/Inf (checked before the
         converter runs, which does not check them).
@@ -166,6 +178,14 @@ def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
     ranges = {op_name(k): v for k, v in (input_ranges or {}).items()}
     stats = {}
     for name in input_names:
+        if not is_float_input(graph_def, name):
+            # Ids, masks: TFLite keeps the input's own type and reads no stats of it,
+            # but the converter wants an entry for every input.
+            if op_name(name) in ranges:
+                logging.warning("input %s: range %s ignored, the input is not float",
+                                name, tuple(ranges[op_name(name)]))
+            stats[op_name(name)] = (0.0, 1.0)
+            continue
         from_fake_quant = input_range_from_fake_quant(graph_def, name)
         given = ranges.get(op_name(name))
         if from_fake_quant and given and not np.allclose(from_fake_quant, given):
@@ -175,7 +195,7 @@ def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
         rng = from_fake_quant or given or default_input_range
         if rng is None:
             raise ExportError(
-                f"input {name!r} has no range: it feeds no FakeQuant op, so give the real "
+                f"float input {name!r} has no range: it feeds no FakeQuant op, so give the real "
                 f"values its quantized form spans, e.g. input_ranges={{{op_name(name)!r}: "
                 "(0.0, 1.0)}} (CLI: --input_range=0,1)")
         stats[op_name(name)] = quantized_input_stats(rng, flavour)

@@ -5,7 +5,6 @@ import os
 import time
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
 import tensorflow as tf
 
 from qat.export import convert, freeze, inspect, parity
@@ -40,7 +39,7 @@ def export_tflite(input_names: Sequence[str],
                   int8_io: bool = False,
                   default_input_range: Optional[Tuple[float, float]] = None,
                   require_integer: bool = True,
-                  parity_inputs: Optional[np.ndarray] = None,
+                  parity_inputs: Optional["parity.Inputs"] = None,
                   min_top1_agreement: Optional[float] = None,
                   max_diff_steps: Optional[float] = None) -> Dict[str, ExportedModel]:
     """Exports an eval graph (from create_eval_graph) to integer TFLite models.
@@ -61,10 +60,13 @@ def export_tflite(input_names: Sequence[str],
       input_ranges: {input: (min, max)} real input ranges; see
         convert.convert_frozen_graph.
       int8_io: int8 instead of float input/output for the int8 flavour.
-      default_input_range: range of inputs that have neither an entry in
-        `input_ranges` nor a FakeQuant reading them.
+      default_input_range: range of float inputs that have neither an entry
+        in `input_ranges` nor a FakeQuant reading them. Integer inputs (token
+        ids, masks) need none: they stay integer inputs of the model.
       require_integer: raise FloatOpError if an op is left in float.
-      parity_inputs: if given, run the models and the graph on these inputs.
+      parity_inputs: if given, run the models and the graph on these inputs:
+        an array for the first input, or {input name: array} for every input
+        (integer ids and masks are fed as they are).
       min_top1_agreement, max_diff_steps: parity thresholds (ParityError).
 
     Returns:
@@ -109,7 +111,7 @@ def export_tflite(input_names: Sequence[str],
         parity_report = None
         if parity_inputs is not None:
             parity_report = parity.check_parity(
-                model, frozen, input_names[0], output_names[0], parity_inputs,
+                model, frozen, input_names, output_names[0], parity_inputs,
                 min_top1_agreement=min_top1_agreement, max_diff_steps=max_diff_steps)
         results[flavour] = ExportedModel(flavour, path, model, report, parity_report, seconds)
     return results

@@ -81,8 +81,11 @@ def moving_avg_quantize(inputs: tf.Tensor,
                         ) -> tf.Tensor:
     """Quantizes `inputs` with a moving average of its range (activations).
 
-    The update is `v <- v - (1 - ema_decay) * (v - batch_value)`, without
-    zero-debiasing (no hidden variables; see the module docstring).
+    The update is `v <- v - (1 - ema_decay) * (v - batch_value)` from
+    `init_min` / `init_max`: the arguments keep their plain meaning and no
+    step counter is needed. (The graph rewrites' quantizers correct this
+    average's bias with the shared step counter instead; see
+    `quantizer_spec.QuantizerSpec.init_from_first_batch`.)
 
     Args:
       inputs: float tensor to quantize.

@@ -23,11 +23,12 @@ update them and their results feed the FakeQuant; in an eval graph the same
 FakeQuant op reads the variables and nothing updates them. Training
 FakeQuants carry the input-only gradient of `qat.quantize.fake_quant_gradient`.
 
-The moving average is a plain one, `v -= (1 - decay) * (v - x)`, not the
-zero-debiased one contrib used: zero-debiasing added hidden `.../biased` and
-`.../local_step` variables that made float checkpoints fail to restore
-(tensorflow#26664, #20867). With the ranges initialised to sensible values
-([0, 6] or [-6, 6]) debiasing is not needed.
+The moving average is `v -= rate * (v - x)`. contrib zero-debiased it with
+hidden `.../biased` and `.../local_step` variables that made float
+checkpoints fail to restore (tensorflow#26664, #20867); here no variable is
+added: given the quantization step t (`init_from_first_batch`), the rate is
+(1 - decay) / (1 - decay^t), the same debiased average with the shared step
+counter (`qat.quantize.range_updates`); without it, 1 - decay.
 
 Speed: a rewrite adds ~30 ops per quantizer, and TensorFlow's Python op
 constructors cost about a millisecond each, which made MobileNetV2 rewrites

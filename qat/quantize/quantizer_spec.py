@@ -70,10 +70,12 @@ class QuantizerSpec:
       device: device of the compute ops (`qat.engine.placement`).
       variable_device: device of the range variables and the ops reading or
         assigning them; "" lets an active device function decide.
-      init_from_first_batch: a moving-average range takes the first batch's
-        min and max (the first run of the quantization step counter)
-        instead of averaging from `init_min` / `init_max`, so no prior such
-        as [-6, 6] squashes small activations while the average moves.
+      init_from_first_batch: a moving-average range is the bias-corrected
+        average of the batch ranges, rate (1 - decay) / (1 - decay^t) at
+        quantization step t: the first batch's min and max at t = 1 (no
+        prior such as [-6, 6] squashes small activations), the mean of the
+        batches so far early on (a fast-growing range is followed), rate
+        1 - decay later. False: rate 1 - decay from `init_min` / `init_max`.
       range_of: shared ranges (`qat.quantize.shared_ranges`): the index, in
         the same batch, of an earlier quantizer whose range this one reads;
         it then owns no variables and updates nothing.

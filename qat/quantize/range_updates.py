@@ -1,8 +1,9 @@
 """The ops that update a quantizer's range while training (a mixin of `QuantizerBatch`).
 
 Last value (weights): the batch's min and max, widened to include 0.
-Moving average (activations): `v -= (1 - decay) * (v - batch value)`, from the
-first batch's range on the first step when the quantization step is given.
+Moving average (activations): `v -= rate * (v - batch value)`; rate 1 - decay,
+or, when the quantization step t is given, the bias-corrected (1 - decay) /
+(1 - decay^t) (see `RangeUpdates._ema_rate`).
 Symmetric ranges widen one side; a concatenation's group (`statistics_of`)
 takes the min and max over every member. Each method writes NodeDefs through
 `QuantizerBatch`'s helpers and returns the names of the range's (min, max).
@@ -90,20 +91,38 @@ class RangeUpdates(object):
         return batch_min, batch_max
 
     def _ema_rate(self, decay: float, step) -> str:
-        """1 - decay; with the step, 1 on its first run (the batch's range)."""
-        rate = self._shared_const("ema_rate", 1.0 - decay, tf.float32)
+        """The moving average's rate: 1 - decay; with the step t, bias-corrected.
+
+        With the quantization step t (1 on the first training run) the rate is
+        (1 - decay) / (1 - decay^t): the zero-debiased moving average of the
+        batch ranges so far (Adam's bias correction), with no variable of its
+        own. It is 1 at t = 1 (the first batch's range), about 1/t while
+        t << 1 / (1 - decay) (the mean of the batches so far, which follows a
+        fast-changing range early in training), and 1 - decay later. Decay 1
+        gives the limit 1/t (the mean of every batch).
+        """
         if step is None:
-            return rate
-        key = ("first_batch_rate", decay)
+            return self._shared_const("ema_rate", 1.0 - decay, tf.float32)
+        key = ("debiased_rate", decay)
         if key not in self._shared:
-            scope = self._shared_scope_name()
+            scope = "%s/ema_rate_%d" % (self._shared_scope_name(), len(self._shared))
             step_ref = step if isinstance(step, str) else self._external(step)
-            first = self._nodes.node(
-                "%s/first_batch_%d" % (scope, len(self._shared)), "Equal",
-                [step_ref, self._shared_const("one_step", 1, tf.int64)], T=_INT64)
-            self._shared[key] = self._nodes.node(
-                "%s/ema_rate_%d" % (scope, len(self._shared)), "Select",
-                [first, self._shared_const("full_rate", 1.0, tf.float32), rate], T=_FLOAT)
+            t = self._nodes.node(scope + "/step", "Cast", [step_ref], SrcT=_INT64, DstT=_FLOAT,
+                                 Truncate=False)
+            if decay == 1.0:
+                self._shared[key] = self._nodes.node(scope + "/rate", "Reciprocal", [t],
+                                                     T=_FLOAT)
+            else:
+                # 1 - decay and 1 - decay^1 are the same float32 subtraction: the rate
+                # of the first step is exactly 1.
+                d = self._shared_const("ema_decay", decay, tf.float32)
+                one = self._shared_const("one", 1.0, tf.float32)
+                num = self._nodes.node(scope + "/one_minus_decay", "Sub", [one, d], T=_FLOAT)
+                power = self._nodes.node(scope + "/decay_pow_step", "Pow", [d, t], T=_FLOAT)
+                den = self._nodes.node(scope + "/one_minus_decay_pow", "Sub", [one, power],
+                                       T=_FLOAT)
+                self._shared[key] = self._nodes.node(scope + "/rate", "RealDiv", [num, den],
+                                                     T=_FLOAT)
         return self._shared[key]
 
     def _symmetric(self, p, lo, hi, num_bits, narrow_range):

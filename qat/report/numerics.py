@@ -24,7 +24,7 @@ accumulation does not.
 import dataclasses
 import json
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -219,9 +219,12 @@ def _run(graph_def, feeds: Dict[str, np.ndarray], names: Sequence[str], batch_si
     return [np.concatenate([c[k] for c in chunks]) for k in range(len(names))]
 
 
-def run_tflite_tensors(model: bytes, samples: np.ndarray, batch_size: int = 64
+def run_tflite_tensors(model: bytes, samples: "parity.Inputs", batch_size: int = 64
                        ) -> Dict[str, Dict[str, Any]]:
     """Runs a TFLite model keeping every tensor; returns them dequantized.
+
+    `samples`: an array for the first input, or {input name: array} for every
+    input (integer ids and masks fed as they are; see `parity.set_input`).
 
     Returns:
       {TFLite tensor name: {"value": float array over all samples,
@@ -235,8 +238,12 @@ def run_tflite_tensors(model: bytes, samples: np.ndarray, batch_size: int = 64
     for op in report.ops:
         wanted.update(op.outputs)
     chunks: Dict[int, List[np.ndarray]] = {i: [] for i in wanted}
-    for start in range(0, len(samples), batch_size):
-        batch = np.asarray(samples[start:start + batch_size], np.float32)
+    count = len(next(iter(samples.values()))) if isinstance(samples, Mapping) else len(samples)
+    for start in range(0, count, batch_size):
+        if isinstance(samples, Mapping):
+            batch = {k: np.asarray(v[start:start + batch_size]) for k, v in samples.items()}
+        else:
+            batch = np.asarray(samples[start:start + batch_size], np.float32)
         interp = litert.Interpreter(
             model_content=model, experimental_preserve_all_tensors=True,
             experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
@@ -257,8 +264,9 @@ def run_tflite_tensors(model: bytes, samples: np.ndarray, batch_size: int = 64
     return result
 
 
-def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
-                   output_names: Sequence[str], samples: np.ndarray,
+def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
+                   input_name: Union[str, Sequence[str]],
+                   output_names: Sequence[str], samples: "parity.Inputs",
                    flavour: str = "uint8", model: Optional[bytes] = None,
                    input_range=None, batch_size: int = 64,
                    drift_steps: float = DRIFT_STEPS) -> NumericsReport:
@@ -266,12 +274,14 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
 
     Args:
       frozen_graph_def: the frozen eval graph (`qat.export.freeze_*`).
-      input_name: the graph input (one).
+      input_name: the graph input, or several.
       output_names: the outputs.
-      samples: float inputs, examples first.
+      samples: examples first: an array for one input, or {input name:
+        array} for several. Integer inputs (token ids, masks) are fed to the
+        graph and to TFLite as they are.
       flavour: "uint8" or "int8", when `model` is converted here.
       model: the .tflite bytes converted from this graph; None: convert.
-      input_range: (min, max) of the input, if no FakeQuant reads it.
+      input_range: (min, max) of the float inputs no FakeQuant reads.
       batch_size: examples per run.
       drift_steps: how many steps of difference count as a drift.
 
@@ -281,14 +291,20 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
     Raises:
       qat.export.ExportError: conversion failed or a name is unknown.
     """
+    feeds = parity.input_feeds(input_name, samples)
     if model is None:
-        model = convert_lib.convert_frozen_graph(frozen_graph_def, [input_name], output_names,
+        model = convert_lib.convert_frozen_graph(frozen_graph_def, list(feeds), output_names,
                                                  flavour, default_input_range=input_range)
     graph = tf.Graph()
     with graph.as_default():
         tf.import_graph_def(frozen_graph_def, name="")
     outputs = [graph.get_operation_by_name(freeze.op_name(n)) for n in output_names]
-    path = structure.data_path(graph, outputs)
+    # From every input fed, integer ids and masks included (data_path starts
+    # at float inputs only).
+    path = structure.data_path(graph, outputs) | (
+        structure.forward_closure([graph.get_operation_by_name(n) for n in feeds],
+                                  structure.gradient_ops(graph))
+        & structure.backward_closure(outputs))
     rows_spec = []  # (label, tensor name, candidate TFLite names)
     for op in structure.topological_order(path, graph):
         if op.type in structure.FAKE_QUANT_TYPES:
@@ -298,11 +314,11 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
     for op in outputs:
         rows_spec.append((op.name, op.outputs[0].name, [op.name]))
     names = [tensor for _, tensor, _ in rows_spec]
-    samples = np.asarray(samples, np.float32)
-    inputs = {freeze.tensor_name(input_name): samples}
+    inputs = {freeze.tensor_name(n): v for n, v in feeds.items()}
     qat_values = _run(frozen_graph_def, inputs, names, batch_size)
     float_values = _run(bypass_fake_quants(frozen_graph_def), inputs, names, batch_size)
-    tflite = run_tflite_tensors(model, samples, batch_size)
+    tflite = run_tflite_tensors(model, feeds if len(feeds) > 1 else next(iter(feeds.values())),
+                                batch_size)
     graph_ops = {op.name for op in graph.get_operations()}
     matches = tflite_names.match_rows(rows_spec, qat_values, tflite, graph_ops)
     forced = {name: match for name, match, qat in zip(names, matches, qat_values)
@@ -326,7 +342,7 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef, input_name: str,
         rows.append(TensorNumerics(
             label, tensor, match, scale, sqnr_db(flt, qat), sqnr_lite, max_steps, mean_steps,
             float(np.abs(qat - flt).max() / step) if qat.size else math.nan, own_steps))
-    return NumericsReport(flavour, len(samples), rows, drift_steps)
+    return NumericsReport(flavour, len(next(iter(feeds.values()))), rows, drift_steps)
 
 
 def _run_given_tflite(graph_def, inputs: Dict[str, np.ndarray], names: Sequence[str],
@@ -359,16 +375,18 @@ def _run_given_tflite(graph_def, inputs: Dict[str, np.ndarray], names: Sequence[
     return _run(graph_def, feeds, names, batch_size)
 
 
-def layer_numerics_from_session(sess: tf.compat.v1.Session, input_name: str,
-                                output_names: Sequence[str], samples: np.ndarray,
+def layer_numerics_from_session(sess: tf.compat.v1.Session,
+                                input_name: Union[str, Sequence[str]],
+                                output_names: Sequence[str], samples: "parity.Inputs",
                                 **kwargs) -> NumericsReport:
     """`layer_numerics` of a live eval-graph session (frozen here, not edited)."""
     frozen = freeze.freeze_session(sess, output_names)
     return layer_numerics(frozen, input_name, output_names, samples, **kwargs)
 
 
-def layer_numerics_from_files(graph_path: str, checkpoint: Optional[str], input_name: str,
-                              output_names: Sequence[str], samples: np.ndarray,
+def layer_numerics_from_files(graph_path: str, checkpoint: Optional[str],
+                              input_name: Union[str, Sequence[str]],
+                              output_names: Sequence[str], samples: "parity.Inputs",
                               **kwargs) -> NumericsReport:
     """`layer_numerics` of a saved eval graph (.meta/.pb/.pbtxt) and checkpoint."""
     frozen = freeze.freeze_graph_file(graph_path, checkpoint, output_names)
