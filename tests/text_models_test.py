@@ -15,7 +15,6 @@ model data (train / eval symmetry).
 """
 import os
 import tempfile
-from unittest import mock
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -28,7 +27,6 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 from qat import report  # pylint: disable=g-import-not-at-top
-from qat.export import parity  # pylint: disable=g-import-not-at-top
 from qat.quantize import embeddings  # pylint: disable=g-import-not-at-top
 from qat.quantize import layer_norm  # pylint: disable=g-import-not-at-top
 from qat.quantize.plan import Planner  # pylint: disable=g-import-not-at-top
@@ -41,25 +39,6 @@ tf1 = tf.compat.v1
 _CFG = text.TextConfig()
 _SMALL = text.TextConfig(blocks=1, hidden=32, heads=2, ffn=64)
 _EXAMPLES = 8
-
-
-def _set_input_ids(interp, inputs):
-    """parity.set_input, passing an unquantized integer input (token ids) as it is.
-
-    Stand-in until qat.export / qat.report take integer inputs themselves
-    (issue #26, helper "ranges"); float inputs go to the original.
-    """
-    inp = interp.get_input_details()[0]
-    if np.issubdtype(inp["dtype"], np.integer) and not inp["quantization"][0]:
-        interp.resize_tensor_input(inp["index"], [len(inputs)] + list(inp["shape"][1:]))
-        interp.allocate_tensors()
-        inp = interp.get_input_details()[0]
-        interp.set_tensor(inp["index"], np.asarray(inputs).astype(inp["dtype"]))
-        return
-    _ORIGINAL_SET_INPUT(interp, inputs)
-
-
-_ORIGINAL_SET_INPUT = parity.set_input
 
 
 def _train(style, checkpoint, cfg=_CFG, steps=3):
@@ -101,7 +80,6 @@ class TextModelsTest(zoo_util.ZooAssertions, parameterized.TestCase):
         self.assertTrue(np.all(np.isfinite(losses)), losses)
         g, ids, _, logits = text.build_graph(style, False, _CFG)
         inputs, _ = text.token_task(_EXAMPLES, _CFG, seed=9)
-        self.enter_context(mock.patch.object(parity, "set_input", _set_input_ids))
         with g.as_default():
             qat.experimental_create_eval_graph(g, symmetric_weights=True)
             coverage = report.coverage_report(g, [logits.op.name])
@@ -113,7 +91,6 @@ class TextModelsTest(zoo_util.ZooAssertions, parameterized.TestCase):
                 self.assert_outputs_vary(reference, "eval graph")
                 models = export.export_tflite(
                     [ids.name], [logits.name], workdir, sess=sess, flavours=("int8",),
-                    input_ranges={ids.op.name: (0.0, 255.0)},  # Unused: ids stay int32.
                     parity_inputs=inputs, max_diff_steps=zoo_util.MAX_DIFF_STEPS)
                 frozen = export.freeze_session(sess, [logits.op.name])
                 tf_model = _convert_with_tf(sess, ids, logits)

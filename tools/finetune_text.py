@@ -133,7 +133,7 @@ def eval_graph(style: str, cfg: text.TextConfig, checkpoint: str, quantized: boo
             if quantized:
                 models = export.export_tflite(
                     [ids.name], [logits.name], workdir, sess=sess, flavours=("int8",),
-                    name=name, input_ranges={ids.op.name: (0.0, 255.0)})
+                    name=name)
                 model = models["int8"].model
             else:
                 frozen = export.freeze_session(sess, [logits.op.name])
