@@ -123,6 +123,32 @@ class TextModelsTest(zoo_util.ZooAssertions, parameterized.TestCase):
             self.assertFalse([op for op in g.get_operations() if op.type == "ResourceGather"
                               and op.outputs[0].consumers()])
 
+    def test_split_resource_lookup_trains_its_table(self):
+        """ResourceGather, split into read + gather, still trains the rows it reads."""
+        g, ids, _, logits = text.build_graph("bert_nn", True, _SMALL, lookup="resource")
+        with g.as_default():
+            labels = tf1.placeholder(tf.int32, [None])
+            loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+            qat.experimental_create_training_graph(g, symmetric_weights=True)
+            train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+            table = [v for v in tf1.global_variables() if v.op.name.endswith("word_embeddings")][0]
+            with tf1.Session() as sess:
+                sess.run(tf1.global_variables_initializer())
+                before = sess.run(table)
+                x, y = text.token_task(4, _SMALL, seed=0)
+                sess.run(train, {ids: x, labels: y})
+                changed = np.any(sess.run(table) != before, axis=1)
+        self.assertCountEqual(np.nonzero(changed)[0], np.unique(x))
+
+    @parameterized.named_parameters(("bert_nn", "bert_nn"), ("bert_keras", "bert_keras"))
+    def test_second_rewrite_changes_nothing(self, style):
+        g, _, _, _ = text.build_graph(style, False, _SMALL)
+        with g.as_default():
+            qat.experimental_create_eval_graph(g, symmetric_weights=True)
+            first = len(g.get_operations())
+            qat.experimental_create_eval_graph(g, symmetric_weights=True)
+            self.assertEqual(len(g.get_operations()), first)
+
     def test_keras_embeddings_quantize_tables(self):
         planner, _ = _planned("bert_keras", False)
         self.assertEqual(planner.left_float, [])
