@@ -17,6 +17,9 @@ Both encoders map int32 token ids `[batch, seq]` to 2-class logits:
   and for the positions (`tf.range`), `LayerNormalization`,
   `MultiHeadAttention`, `Dense(activation="gelu")`, `Dropout`.
 
+`conv_text` is a text model the issue does not name: embeddings, 1-D
+convolutions and global pooling.
+
 `lookup` picks how `bert_nn` reads its embedding table: "gather"
 (`tf.gather` of the variable's value), "embedding_lookup"
 (`tf.nn.embedding_lookup`) or "resource" (`ResourceGather`, the resource
@@ -176,7 +179,29 @@ def bert_keras(ids: tf.Tensor, training: bool, cfg: TextConfig = TextConfig(),
     return layers.Dense(cfg.classes, kernel_initializer=init, name="logits")(pooled)
 
 
-BUILDERS = {"bert_nn": bert_nn, "bert_keras": bert_keras}
+def conv_text(ids: tf.Tensor, training: bool, cfg: TextConfig = TextConfig(),
+              mask: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """A 1-D conv text classifier (no attention): tf_keras `Embedding`, two
+    `Conv1D` + ReLU, global max and global average pooling concatenated,
+    a Dense ReLU and the logits."""
+    del mask
+    import tf_keras as keras  # pylint: disable=g-import-not-at-top
+    layers = keras.layers
+    keras.backend.set_learning_phase(1 if training else 0)
+    init = keras.initializers.RandomUniform(-0.5, 0.5)
+    net = layers.Embedding(cfg.vocab, cfg.hidden // 2, embeddings_initializer=init,
+                           name="embedding")(ids)
+    net = layers.Conv1D(cfg.hidden // 2, 3, padding="same", activation="relu", name="conv0")(net)
+    net = layers.Conv1D(cfg.hidden // 2, 5, padding="same", activation="relu", name="conv1")(net)
+    pooled = layers.Concatenate(name="pools")([
+        layers.GlobalMaxPooling1D(name="max_pool")(net),
+        layers.GlobalAveragePooling1D(name="avg_pool")(net)])
+    net = layers.Dropout(cfg.dropout)(pooled, training=training)
+    net = layers.Dense(cfg.hidden // 2, activation="relu", name="fc")(net)
+    return layers.Dense(cfg.classes, name="logits")(net)
+
+
+BUILDERS = {"bert_nn": bert_nn, "bert_keras": bert_keras, "conv_text": conv_text}
 
 
 def build_graph(style: str, training: bool, cfg: TextConfig = TextConfig(),
@@ -184,7 +209,7 @@ def build_graph(style: str, training: bool, cfg: TextConfig = TextConfig(),
     """One encoder in a new graph.
 
     Args:
-      style: "bert_nn" or "bert_keras".
+      style: "bert_nn", "bert_keras" or "conv_text".
       training: dropout on (training graphs) or off (eval graphs).
       cfg: the encoder's size.
       with_mask: an int32 attention mask `[batch, seq]` as a second input.
@@ -197,7 +222,7 @@ def build_graph(style: str, training: bool, cfg: TextConfig = TextConfig(),
     g = tf.Graph()
     with g.as_default():
         tf1.set_random_seed(seed)
-        if style == "bert_keras":
+        if style != "bert_nn":
             import tf_keras as keras  # pylint: disable=g-import-not-at-top
             keras.utils.set_random_seed(seed)
         ids = tf1.placeholder(tf.int32, [None, cfg.seq], name="input_ids")

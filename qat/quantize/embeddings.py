@@ -8,7 +8,7 @@ data path (`qat.quantize.plan_graph.GraphView`) also starts at
   `tf.nn.embedding_lookup`, tf_keras `Embedding`; position embeddings looked
   up with `tf.range` alike). TFLite's GATHER keeps the table's scale (one
   scale for input and output), so the table gets one per-tensor weight range
-  (`<lookup scope>/weights_quant`) and the gathered embeddings read it: what
+  (`<table variable>/weights_quant`) and the gathered embeddings read it: what
   follows (the position add, the first layer norm) then has ranged inputs
   like any other tensor of the model.
 * casts of integer model inputs to float (an attention mask's
@@ -68,20 +68,49 @@ def lookup_table(op: tf.Operation) -> Optional[tf.Tensor]:
     table, indices = op.inputs[0], op.inputs[1]
     if not indices.dtype.is_integer or not _gathers_rows(op):
         return None
-    if not layer_patterns.is_parameter(table):
+    if not _is_parameter(table):
         return None
     return table
 
 
+def _is_parameter(t: tf.Tensor, depth: int = 6) -> bool:
+    """A variable read or constant, maybe behind a quantizer (rewritten or
+    frozen graphs: qat's ops, FakeQuant)."""
+    frontier = [t]
+    for _ in range(depth):
+        nxt = []
+        for x in frontier:
+            if layer_patterns.is_parameter(x):
+                return True
+            if marks.role(x.op) is not None or x.op.type.startswith("FakeQuantWithMinMax"):
+                nxt.extend(i for i in x.op.inputs if _is_float(i))
+        frontier = nxt
+    return False
+
+
+def table_name(table: tf.Tensor) -> str:
+    """The variable (or constant) a table tensor reads: names its range."""
+    op = table.op
+    for _ in range(8):
+        if op.type not in ("Identity", "ReadVariableOp") or not op.inputs:
+            break
+        op = op.inputs[0].op
+    return op.name
+
+
+def _is_integer(t: tf.Tensor) -> bool:
+    return t.dtype.is_integer or t.dtype.base_dtype == tf.bool
+
+
 def _from_integer_input(t: tf.Tensor, depth: int = 12) -> bool:
-    """Whether integer `t` is computed from an integer graph input."""
+    """Whether integer (or boolean) `t` is computed from an integer graph input."""
     frontier = [t]
     for _ in range(depth):
         nxt = []
         for x in frontier:
             if x.op.type in qp.INPUT_TYPES:
                 return True
-            nxt.extend(i for i in x.op.inputs if i.dtype.is_integer)
+            nxt.extend(i for i in x.op.inputs if _is_integer(i))
         frontier = nxt
         if not frontier:
             return False
@@ -89,9 +118,9 @@ def _from_integer_input(t: tf.Tensor, depth: int = 12) -> bool:
 
 
 def integer_casts(ops: List[tf.Operation]) -> List[tf.Operation]:
-    """Casts of integer model inputs (ids, masks) to float."""
+    """Casts of integer model inputs (ids, masks; or booleans made of them) to float."""
     return [op for op in ops if op.type == "Cast" and _is_float(op.outputs[0])
-            and op.inputs[0].dtype.is_integer and _from_integer_input(op.inputs[0])]
+            and _is_integer(op.inputs[0]) and _from_integer_input(op.inputs[0])]
 
 
 def entry_ops(ops: List[tf.Operation]) -> Dict[tf.Operation, Optional[tf.Tensor]]:

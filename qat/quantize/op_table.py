@@ -77,6 +77,8 @@ SAME_SCALE_TYPES = frozenset([
     "SpaceToDepth", "ResizeBilinear", "ResizeNearestNeighbor", "GatherV2",
     "Split", "SplitV", "Unpack", "Tile",
     "StopGradient", "PreventGradient",
+    # REDUCE_MAX / REDUCE_MIN (global max pooling): the input's scale.
+    "Max", "Min",
 ])
 
 # Ops that run functions: what is inside is invisible to the planner.

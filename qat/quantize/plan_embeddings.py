@@ -1,7 +1,7 @@
 """The planner's embedding ranges (a mixin of `Planner`).
 
 Each embedding table (`qat.quantize.embeddings.lookup_table`) gets one
-per-tensor weight range, `<lookup scope>/weights_quant`, which every lookup
+per-tensor weight range, `<table variable>/weights_quant`, which every lookup
 of it reads: TFLite's GATHER gives its output the table's scale, so the
 gathered embeddings need no range of their own (`Planner._source` maps a
 lookup's output to its table). Not per channel: a scale per embedding
@@ -11,16 +11,13 @@ TFLite kernel after a GATHER reads.
 Where the data path leaves integers otherwise (a cast of an integer input,
 a lookup with batch dimensions), the op is named in `left_float`.
 """
-import tensorflow as tf
-
-from qat.quantize import plan_graph
+from qat.quantize import embeddings
 
 _CAST_REASON = (
     "Cast of the integer input %s to float: an attention mask's arithmetic "
     "((1 - mask) * -10000 added to the scores) spans 10^4, and one 8-bit "
     "range over the scores it is added to would leave them a step of about "
-    "40; it stays float (feed the mask's adder as a float input to change "
-    "that)")
+    "40: the mask's arithmetic and the attention reading it stay float")
 _GATHER_REASON = ("%s with batch dimensions reads its table inside the op: "
                   "no quantizer can reach the table")
 
@@ -30,7 +27,8 @@ class EmbeddingPlanning(object):
 
     def plan_embeddings(self) -> None:
         """Plans the table ranges; names what stays float on the way in."""
-        for op, table in sorted(self.entries.items(), key=lambda e: e[0]._id):  # pylint: disable=protected-access
+        order = lambda entry: entry[0]._id  # pylint: disable=protected-access,unnecessary-lambda-assignment
+        for op, table in sorted(self.entries.items(), key=order):
             if not self._in_scope(op):
                 self._leave(op.name, "outside scope %r" % self.scope)
                 continue
@@ -50,10 +48,6 @@ class EmbeddingPlanning(object):
                 elif op not in plan.consumers:
                     plan.consumers.append(op)
                 continue
-            self._plan(table, plan_graph.context(op), "weights_quant", -6.0,
+            self._plan(table, embeddings.table_name(table), "weights_quant", -6.0,
                        self.consumers(table), is_weight=True)
 
-
-def is_lookup_output(planner, t: tf.Tensor) -> bool:
-    """Whether `t` is an embedding lookup's output (its table's scale)."""
-    return planner.entries.get(t.op) is not None

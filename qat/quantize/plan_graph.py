@@ -1,9 +1,10 @@
 """What the quantize planner reads off a graph (no decisions, no edits).
 
 `GraphView` finds the layer ops, the gradient ops (never quantized), the data
-path (ops downstream of graph inputs and layers), the consumers a quantizer
-of a tensor must feed, and the "tail" of a layer (bias add, batch norm, the
-fold pass's training tail) up to the tensor that is the layer's output.
+path (ops downstream of graph inputs, embedding lookups and layers), the
+consumers a quantizer of a tensor must feed, and the "tail" of a layer (bias
+add, batch norm, the fold pass's training tail) up to the tensor that is the
+layer's output.
 Module functions recognise quantizers an earlier pass built.
 """
 from typing import List, Optional, Set, Tuple

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from qat.matching import layer_patterns
 from qat.quantize import activation_patterns
+from qat.quantize import embeddings
 from qat.quantize import patterns as quantize_patterns
 from qat.quantize import plan as quantize_plan
 from qat.report import structure
@@ -188,6 +189,10 @@ def find_float_tensors(graph: tf.Graph, path: Set[tf.Operation],
         if keeps_range and inputs and all(i.name in ranged or i.op.type in
                                           structure.INPUT_TYPES for i in inputs[:1]):
             ranged.add(out)
+            continue
+        if (op.type in embeddings.GATHER_TYPES and embeddings.lookup_table(op) is not None
+                and op.inputs[0].name in ranged):
+            ranged.add(out)  # GATHER: the table's scale.
             continue
         record = explain(op, scope, float_names, path)
         found.append(record)

@@ -209,10 +209,12 @@ def _run(graph_def, feeds: Dict[str, np.ndarray], names: Sequence[str], batch_si
     fetches = [graph.get_tensor_by_name(n) for n in names]
     feed_tensors = {graph.get_tensor_by_name(n): v for n, v in feeds.items()}
     count = len(next(iter(feeds.values())))
+    # A feed of k rows per example ([batch * seq, ...]) is cut k rows at a time.
+    rows = {t: max(len(v) // count, 1) for t, v in feed_tensors.items()}
     chunks = []
     with tf.compat.v1.Session(graph=graph) as sess:
         for i in range(0, count, batch_size):
-            chunks.append(sess.run(fetches, {t: v[i:i + batch_size]
+            chunks.append(sess.run(fetches, {t: v[i * rows[t]:(i + batch_size) * rows[t]]
                                              for t, v in feed_tensors.items()}))
     return [np.concatenate([c[k] for c in chunks]) for k in range(len(names))]
 
@@ -352,8 +354,20 @@ def _run_given_tflite(graph_def, inputs: Dict[str, np.ndarray], names: Sequence[
     tensors; those without an example axis (values of one batch) are not read.
     """
     count = len(next(iter(inputs.values())))
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.import_graph_def(graph_def, name="")
+
+    def per_example(name, value):
+        # The examples' axis, or a dynamic one of k rows per example
+        # (BERT's [batch * seq, hidden] matrices).
+        if not np.ndim(value) or len(value) % count:
+            return False
+        shape = graph.get_tensor_by_name(name).shape
+        return len(value) == count or (shape.rank and shape[0] is None)
+
     forced = {name: match for name, match in forced.items()
-              if np.ndim(tflite[match]["value"]) and len(tflite[match]["value"]) == count}
+              if per_example(name, tflite[match]["value"])}
     graph_def, placeholders = read_forced_inputs(graph_def, sorted(forced))
     feeds = dict(inputs)
     for name, match in forced.items():

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from qat.engine import preconditions
 from qat.matching import layer_patterns
+from qat.quantize import embeddings
 from qat.quantize import op_table
 from qat.quantize import patterns as quantize_patterns
 from qat.quantize import quantizer_batch
@@ -199,6 +200,12 @@ def graph_inputs(graph: tf.Graph) -> List[tf.Operation]:
             and any(out.dtype.is_floating for out in op.outputs)]
 
 
+def data_sources(graph: tf.Graph) -> List[tf.Operation]:
+    """Float graph inputs, and where integer inputs (token ids, masks) turn
+    float: embedding lookups and casts (`qat.quantize.embeddings`)."""
+    return graph_inputs(graph) + list(embeddings.entry_ops(graph.get_operations()))
+
+
 def default_outputs(graph: tf.Graph) -> List[tf.Operation]:
     """The graph's inference outputs, when the caller names none.
 
@@ -207,7 +214,7 @@ def default_outputs(graph: tf.Graph) -> List[tf.Operation]:
     fold pass leaves folded batch norms in the graph, unread).
     """
     excluded = gradient_ops(graph)
-    fed = forward_closure(graph_inputs(graph), excluded)
+    fed = forward_closure(data_sources(graph), excluded)
     sinks = []
     for op in graph.get_operations():
         if op not in fed or op.type in INPUT_TYPES:
@@ -234,7 +241,7 @@ def data_path(graph: tf.Graph, outputs: Optional[Sequence[tf.Operation]] = None
       gradient ops excluded.
     """
     excluded = gradient_ops(graph)
-    fed = forward_closure(graph_inputs(graph), excluded)
+    fed = forward_closure(data_sources(graph), excluded)
     outputs = list(outputs) if outputs is not None else default_outputs(graph)
     return fed & backward_closure(outputs)
 

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from qat.quantize import op_table
+from qat.quantize import patterns as quantize_patterns
 from qat.report import structure
 
 
@@ -82,6 +83,22 @@ def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
     return matches
 
 
+def _computes_with(t: tf.Tensor) -> bool:
+    """Whether a layer or an own-range kernel (a matmul, an add) reads `t`,
+    through Identity ops."""
+    stack, seen = [t], set()
+    while stack:
+        for c in stack.pop().consumers():
+            if c in seen:
+                continue
+            seen.add(c)
+            if c.type == "Identity":
+                stack.append(c.outputs[0])
+            elif c.type in op_table.OWN_RANGE_TYPES or c.type in quantize_patterns.LAYER_TYPES:
+                return True
+    return False
+
+
 def unquantized_tensors_tflite_rounds(path: Sequence[tf.Operation], graph: tf.Graph,
                                       forced: Dict[str, str], tflite: Dict[str, Dict[str, Any]]
                                       ) -> Dict[str, str]:
@@ -91,7 +108,12 @@ def unquantized_tensors_tflite_rounds(path: Sequence[tf.Operation], graph: tf.Gr
     have no quantizer of their own. Most move values, but an average pool or a
     bilinear resize computes new ones, which the eval graph keeps exact where
     TFLite rounds them to the input's grid: half a step at most, which the
-    next layer's gain multiplies. Reading their outputs from TFLite too keeps
+    next layer's gain multiplies. Fixed-range ops (softmax, logistic, tanh)
+    round to their fixed grid in TFLite (a softmax to 1/256), where the eval
+    graph keeps them exact: over a 32-token attention the context matmul
+    sums 32 such roundings; where a layer or an integer kernel computes with them (not
+    where they are the model output, whose own kernel is then checked), they
+    are read from TFLite too. Reading their outputs from TFLite too keeps
     each row's own difference to that row's own kernel. A TFLite tensor is
     named after the op whose output it holds first ("relu;BiasAdd;Conv2D").
     """
@@ -101,7 +123,8 @@ def unquantized_tensors_tflite_rounds(path: Sequence[tf.Operation], graph: tf.Gr
             by_first_op.setdefault(name.split(";")[0], []).append(name)
     extra = {}
     for op in structure.topological_order(path, graph):
-        if op.type not in op_table.SAME_SCALE_TYPES or not op.outputs:
+        if not op.outputs or not (op.type in op_table.SAME_SCALE_TYPES or (
+                op.type in op_table.FIXED_RANGE_TYPES and _computes_with(op.outputs[0]))):
             continue
         tensor = op.outputs[0]
         if tensor.name in forced or tensor.dtype != tf.float32:
