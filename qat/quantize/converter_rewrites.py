@@ -23,6 +23,10 @@ removes, each measured with distinct ranges on every quantizer:
   no range of its own unless the planner requantizes.
 * Pools whose window is 1x1 with stride 1: the output is the input.
 
+And what it rewrites into an op that needs a range: a division by a
+constant (`(x - mean) / std` normalisation) becomes a MUL by the constant's
+reciprocal, an own-range op (`is_constant_division`).
+
 Not modelled (docs/known_limits.md): a clamp written with `tf.maximum` /
 `tf.minimum` and a constant, which the converter fuses into the layer
 before it (as RELU) or rewrites into RELU6 (`minimum(maximum(x, 0), 6)`).
@@ -79,10 +83,29 @@ def is_neutral_arithmetic(op: tf.Operation, is_data) -> bool:
     neutral, either_side = _NEUTRAL[op.type]
     if index == 1 and not either_side:
         return False
-    x = op.inputs[index]
     return (value.size > 0 and bool(np.all(value == neutral))
-            and x.shape.is_fully_defined() and op.outputs[0].shape.is_fully_defined()
-            and x.shape == op.outputs[0].shape)
+            and _broadcasts_into(value.shape, op.inputs[index].shape))
+
+
+def _broadcasts_into(constant_shape, x_shape: tf.TensorShape) -> bool:
+    """Whether a constant of `constant_shape` broadcasts without growing x.
+
+    Each constant dimension must be 1 or x's static size there (an unknown
+    batch is fine where the constant has 1 or no dimension).
+    """
+    if x_shape.rank is None or len(constant_shape) > x_shape.rank:
+        return False
+    dims = x_shape.as_list()[x_shape.rank - len(constant_shape):]
+    return all(c == 1 or c == d for c, d in zip(constant_shape, dims))
+
+
+def is_constant_division(op: tf.Operation, is_data) -> bool:
+    """`x / c` with a constant divisor: the converter makes it MUL by 1/c."""
+    if op.type not in ("RealDiv", "Div"):
+        return False
+    found = _one_data_input(op, is_data)
+    return (found is not None and found[0] == 0
+            and _broadcasts_into(found[1].shape, op.inputs[0].shape))
 
 
 def is_size_one_reduction(op: tf.Operation) -> bool:

@@ -363,6 +363,8 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             return  # The converter removes it (`converter_rewrites`).
         elif op.type in op_table.OWN_RANGE_TYPES:
             self.visit_own_range(op)
+        elif self._is_constant_division(op):
+            self.visit_constant_division(op)
         elif (op.type in op_table.SAME_SCALE_TYPES
               or op.type in op_table.FIXED_RANGE_TYPES
               or op.type in qp.METADATA_TYPES):  # Read shapes, not values.

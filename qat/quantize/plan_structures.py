@@ -34,6 +34,23 @@ class StructurePlanning(object):
                 or converter_rewrites.removed_or_same_scale(op, self.is_data))
         return self._same_scale_ops[op]
 
+    def _is_constant_division(self, op: tf.Operation) -> bool:
+        return converter_rewrites.is_constant_division(op, self.is_data)
+
+    def visit_constant_division(self, op: tf.Operation) -> None:
+        """`x / c`, which TFLite runs as MUL by 1/c: a range on its output.
+
+        The constant stays unquantized here: TFLite quantizes 1/c, not c.
+        """
+        x = op.inputs[0]
+        if not self._is_ranged(x) and not self._is_input(x):
+            self._deferred.append(op)
+            return
+        self._require(x)
+        out = op.outputs[0]
+        self._plan(out, plan_graph.own_context(op), "div_quant", -6.0,
+                   self.consumers(out), allow_unused=True)
+
     def _plan_parameters(self, op: tf.Operation) -> None:
         """Weight ranges on the variables an integer op computes with.
 
