@@ -81,6 +81,22 @@ def _normalisation(x, training):
     return _conv(y, 4, 3, "a", None, training)
 
 
+def _hard_sigmoid_excite(x, training):
+    """MobileNetV3's excite: relu6(conv + 3) / 6, the +3 folded into the bias."""
+    a = _conv(x, 8, 3, "a", training=training)
+    s = tf.reduce_mean(a, [1, 2], keepdims=True)
+    s = tf1.layers.conv2d(s, 8, 1, name="excite")
+    s = tf.nn.relu6(s + 3.0) * (1.0 / 6.0)
+    return _conv(a * s, 4, 1, "head", None, training)
+
+
+def _global_max_pool(x, training):
+    """tf.reduce_max over H, W: REDUCE_MAX keeps its input's scale."""
+    a = _conv(x, 8, 3, "a", None, training) - 0.5
+    m = tf.reduce_max(a, [1, 2], keepdims=True)
+    return _conv(m, 4, 1, "head", None, training)
+
+
 def _identity_arithmetic(x, training):
     a = _conv(x, 8, 3, "a", training=training)
     return _conv((a * 1.0) - 0.0, 4, 1, "b", None, training)
@@ -95,6 +111,7 @@ CASES = dict(image_pooling=_image_pooling, resize_two_readers=_resize_two_reader
              squeeze_excite_1x1=_squeeze_excite_1x1,
              rescaling_without_offset=_rescaling_without_offset,
              rescaling_then_pool=_rescaling_then_pool, normalisation=_normalisation,
+             hard_sigmoid_excite=_hard_sigmoid_excite, global_max_pool=_global_max_pool,
              identity_arithmetic=_identity_arithmetic,
              identity_pool=_identity_pool)
 

@@ -281,6 +281,8 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         # between the layer output and the activation.
         fusable = (out.shape.rank == layer.outputs[0].shape.rank
                    and not any(op.type == "BatchToSpaceND" for op in tail))
+        if fusable:
+            out = self._fold_constant_adds(out, exclude)
         self._plan_output(out, ctx, kind, -6.0, exclude=exclude,
                           fusable=fusable)
 
