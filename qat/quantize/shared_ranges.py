@@ -33,7 +33,8 @@ single layers next to a concatenation). Two places where TFLite decides the scal
   the group too; with other readers it keeps its own range and TFLite adds
   a QUANTIZE before the resize.
   A pool that is the identity (`converter_rewrites.is_identity_pool`) is
-  not rounded.
+  not rounded. A reduction over axes of size 1 gets a FakeQuant reading
+  its input's range (`plan_identity_rounding`).
   An average pool that reads its range through a max pool (InceptionV3's
   first mixed block) is not rounded: there the converter left the max
   pool's other readers in float. A Mean has a range of its own (MEAN is an
