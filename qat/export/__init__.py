@@ -4,6 +4,7 @@
   convert  -> uint8 (legacy) and int8 TFLite flatbuffers
   inspect  -> operators and tensor types; float ops named back to TF ops
   parity   -> TFLite vs eval graph: top-1 agreement, difference in output steps
+  range_survival -> every activation range of the eval graph is a TFLite tensor
   pipeline -> export_tflite: all of the above in one call
   saved_model -> the frozen eval graph as a TF 2 SavedModel (serving
               signature), converted with TF 2's from_saved_model
@@ -23,6 +24,7 @@ from qat.export.errors import FloatOpError
 from qat.export.errors import GraphLoadError
 from qat.export.errors import NonFiniteError
 from qat.export.errors import ParityError
+from qat.export.errors import RangeLostError
 from qat.export.errors import TensorNameError
 from qat.export.freeze import check_finite
 from qat.export.freeze import check_tensor_names
@@ -43,6 +45,10 @@ from qat.export.parity import load_inputs
 from qat.export.parity import parity_failures
 from qat.export.parity import run_graph
 from qat.export.parity import run_tflite
+from qat.export.range_survival import LostRange
+from qat.export.range_survival import SurvivalReport
+from qat.export.range_survival import check_range_survival
+from qat.export.range_survival import check_ranges
 from qat.export.pipeline import ExportedModel
 from qat.export.pipeline import export_tflite
 from qat.export.saved_model import convert_saved_model
@@ -51,8 +57,8 @@ from qat.export.saved_model import write_saved_model
 __all__ = [
     "FLAVOURS", "CheckpointError", "ConversionError", "ExportError", "ExportedModel",
     "FloatOp", "FloatOpError", "GraphLoadError", "ModelReport", "NonFiniteError",
-    "ParityError", "ParityReport",
-    "TensorNameError", "check_finite", "check_flavour", "check_fully_integer", "check_parity",
+    "LostRange", "ParityError", "ParityReport", "RangeLostError", "SurvivalReport",
+    "TensorNameError", "check_finite", "check_flavour", "check_fully_integer", "check_parity", "check_range_survival", "check_ranges",
     "check_runnable", "check_tensor_names", "checkpoint_prefix", "compare_outputs",
     "convert_frozen_graph", "convert_saved_model", "describe_model", "export_tflite", "find_float_ops",
     "freeze_graph_file", "freeze_session", "input_range_from_fake_quant", "is_float_input",

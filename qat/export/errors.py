@@ -60,3 +60,15 @@ class ParityError(ExportError):
     def __init__(self, message: str, report=None):
         super().__init__(message)
         self.report = report
+
+
+class RangeLostError(ExportError):
+    """Activation ranges of the eval graph are not tensors of the TFLite model.
+
+    Attributes:
+      lost: the `qat.export.range_survival.LostRange` records.
+    """
+
+    def __init__(self, message: str, lost=()):
+        super().__init__(message)
+        self.lost = list(lost)

@@ -117,6 +117,7 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         self.looked_through: Dict[tf.Operation, tf.Tensor] = {}  # dropout
         # Ops visited before their inputs had ranges (`_revisit_deferred`).
         self._deferred: List[tf.Operation] = []
+        self._same_scale_ops: Dict[tf.Operation, bool] = {}
 
     # --- Helpers ------------------------------------------------------------
 
@@ -165,7 +166,7 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
                     return t  # Dropout of what is not data: as its eval Identity.
                 t = self.looked_through[op]
                 continue
-            if (op.type not in op_table.SAME_SCALE_TYPES
+            if (not self._same_scale(op)
                     or (op in self.tail_ops and op.type != "Identity")
                     or op not in self.data_ops):
                 return t
@@ -288,6 +289,8 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         # between the layer output and the activation.
         fusable = (out.shape.rank == layer.outputs[0].shape.rank
                    and not any(op.type == "BatchToSpaceND" for op in tail))
+        if fusable:
+            out = self._fold_constant_adds(out, exclude)
         self._plan_output(out, ctx, kind, -6.0, exclude=exclude,
                           fusable=fusable)
 
@@ -366,8 +369,12 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             self.plan_standalone_batch_norm(op)
         elif op in self.whole_activations:
             self.visit_whole_activation(op, self.whole_activations[op])
+        elif self._same_scale(op) and op.type not in op_table.SAME_SCALE_TYPES:
+            return  # The converter removes it (`converter_rewrites`).
         elif op.type in op_table.OWN_RANGE_TYPES:
             self.visit_own_range(op)
+        elif self._is_constant_division(op):
+            self.visit_constant_division(op)
         elif (op.type in op_table.SAME_SCALE_TYPES
               or op.type in op_table.FIXED_RANGE_TYPES
               or op.type in qp.METADATA_TYPES):  # Read shapes, not values.

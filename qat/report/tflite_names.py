@@ -17,8 +17,18 @@ from qat.quantize import patterns as quantize_patterns
 from qat.report import structure
 
 
-def _name_parts(name: str, graph_ops: set):
-    """The TF op names a TFLite tensor is named after ("relu;BiasAdd;Conv2D")."""
+def name_parts(name: str, graph_ops: set):
+    """The TF op names a TFLite tensor is named after ("relu;BiasAdd;Conv2D").
+
+    Args:
+      name: the TFLite tensor name.
+      graph_ops: the eval graph's op names (a part that is one is kept as
+        it is; otherwise TFLite's de-duplicating digits are stripped too).
+
+    Yields:
+      The parts, in order (the first holds the tensor's value), each
+      followed by its form without the digits where that differs.
+    """
     for part in name.split(";"):
         yield part
         stripped = part.rstrip("0123456789")  # TFLite's de-duplicating suffix.
@@ -59,7 +69,7 @@ def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
     names_of_op: Dict[str, List[str]] = {}
     last_row = {}
     for name in tflite:
-        parts = set(_name_parts(name, graph_ops))
+        parts = set(name_parts(name, graph_ops))
         for part in parts:
             names_of_op.setdefault(part, []).append(name)
         last_row[name] = max((i for part in parts for i in rows_of_op.get(part, ())),
