@@ -1,5 +1,6 @@
 """One call from an eval graph to checked .tflite files: freeze, convert,
-verify integer-only, optionally compare with the graph."""
+verify integer-only and that every activation range survived the conversion,
+optionally compare with the graph."""
 import dataclasses
 import os
 import time
@@ -8,7 +9,9 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from qat.export import convert, freeze, inspect, parity
+from absl import logging
+
+from qat.export import convert, freeze, inspect, parity, range_survival
 from qat.export.errors import ExportError
 
 
@@ -21,6 +24,7 @@ class ExportedModel:
     report: "inspect.ModelReport"
     parity: Optional["parity.ParityReport"]
     convert_seconds: float
+    survival: Optional["range_survival.SurvivalReport"] = None
 
     @property
     def size_bytes(self) -> int:
@@ -42,7 +46,8 @@ def export_tflite(input_names: Sequence[str],
                   require_integer: bool = True,
                   parity_inputs: Optional[np.ndarray] = None,
                   min_top1_agreement: Optional[float] = None,
-                  max_diff_steps: Optional[float] = None) -> Dict[str, ExportedModel]:
+                  max_diff_steps: Optional[float] = None,
+                  allow_lost_ranges: bool = False) -> Dict[str, ExportedModel]:
     """Exports an eval graph (from create_eval_graph) to integer TFLite models.
 
     Give one of: a live `sess` (its variables hold the trained values), a
@@ -66,12 +71,19 @@ def export_tflite(input_names: Sequence[str],
       require_integer: raise FloatOpError if an op is left in float.
       parity_inputs: if given, run the models and the graph on these inputs.
       min_top1_agreement, max_diff_steps: parity thresholds (ParityError).
+      allow_lost_ranges: export even when an activation range of the eval
+        graph is no tensor of the model with its scale and zero point
+        (`range_survival.check_ranges`: the integer model computes on
+        another grid there), with a warning naming them. Ranges of ops the
+        converter removed whose value keeps the same quantization are
+        always only warned about.
 
     Returns:
       {flavour: ExportedModel}.
 
     Raises:
-      ExportError and its subclasses (see qat.export.errors).
+      ExportError and its subclasses (see qat.export.errors); RangeLostError
+      when a range is lost (unless `allow_lost_ranges`).
     """
     if sum(x is not None for x in (sess, graph_path, frozen_graph_def)) != 1:
         raise ExportError("give exactly one of sess= (a live session), graph_path= "
@@ -106,10 +118,16 @@ def export_tflite(input_names: Sequence[str],
         else:
             report = inspect.describe_model(model)
         inspect.check_runnable(model, frozen, label=path)
+        survival = range_survival.check_ranges(frozen, model, flavour=flavour)
+        if survival.differing and not allow_lost_ranges:
+            range_survival.check_range_survival(frozen, model, label=path)  # Raises.
+        for lost in survival.lost:
+            logging.warning("%s: range lost in conversion: %s", path, lost.describe())
         parity_report = None
         if parity_inputs is not None:
             parity_report = parity.check_parity(
                 model, frozen, input_names[0], output_names[0], parity_inputs,
                 min_top1_agreement=min_top1_agreement, max_diff_steps=max_diff_steps)
-        results[flavour] = ExportedModel(flavour, path, model, report, parity_report, seconds)
+        results[flavour] = ExportedModel(flavour, path, model, report, parity_report, seconds,
+                                         survival)
     return results

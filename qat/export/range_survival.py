@@ -110,7 +110,9 @@ def expected_quantization(lo: float, hi: float, num_bits: int = 8,
     scale = (float(hi) - float(lo)) / (quant_max - quant_min)
     if scale <= 0:
         return 0.0, 0
-    zero_point = int(min(max(round(quant_min - float(lo) / scale), quant_min), quant_max))
+    # FakeQuant nudges with std::round: halves away from zero.
+    zero_point = int(min(max(math.floor(quant_min - float(lo) / scale + 0.5), quant_min),
+                         quant_max))
     return scale, zero_point - (128 if flavour == "int8" else 0)
 
 
@@ -174,6 +176,12 @@ def _ranges(graph: tf.Graph, fake_quants: Sequence[tf.Operation]) -> List[Tuple[
     return result
 
 
+def _holds_activation(info: "inspect.TensorInfo", op: tf.Operation) -> bool:
+    """A quantized 8-bit tensor (not an int32 bias) of `op`'s output shape."""
+    return (info.scale > 0 and np.dtype(info.dtype) in (np.dtype(np.uint8), np.dtype(np.int8))
+            and bool(op.outputs) and op.outputs[0].shape.is_compatible_with(info.shape))
+
+
 def _holder(fake_quant: tf.Operation, first_part: Dict[str, List[int]],
             report: "inspect.ModelReport") -> Optional[int]:
     """The TFLite tensor holding the value of a FakeQuant whose op was removed.
@@ -189,7 +197,7 @@ def _holder(fake_quant: tf.Operation, first_part: Dict[str, List[int]],
             continue
         seen.add(op)
         for index in first_part.get(op.name, ()):
-            if report.tensors[index].scale > 0:
+            if _holds_activation(report.tensors[index], op):
                 return index
         frontier.extend(t.op for t in op.inputs if t.dtype == tf.float32)
     return None
@@ -243,9 +251,7 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
         named = []
         for alias in _aliases(op):
             for index in by_op.get(alias.name, ()):
-                info = report.tensors[index]
-                if (info.scale > 0 and index not in named
-                        and alias.outputs[0].shape.is_compatible_with(info.shape)):
+                if index not in named and _holds_activation(report.tensors[index], alias):
                     named.append(index)
         if any(_same(scale, zero_point, report.tensors[i].scale, report.tensors[i].zero_point)
                for i in named):
