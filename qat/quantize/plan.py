@@ -114,6 +114,7 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         self.looked_through: Dict[tf.Operation, tf.Tensor] = {}  # dropout
         # Ops visited before their inputs had ranges (`_revisit_deferred`).
         self._deferred: List[tf.Operation] = []
+        self._same_scale_ops: Dict[tf.Operation, bool] = {}
 
     # --- Helpers ------------------------------------------------------------
 
@@ -158,7 +159,7 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             if op in self.looked_through:
                 t = self.looked_through[op]
                 continue
-            if (op.type not in op_table.SAME_SCALE_TYPES
+            if (not self._same_scale(op)
                     or (op in self.tail_ops and op.type != "Identity")
                     or op not in self.data_ops):
                 return t
@@ -358,6 +359,8 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             self.plan_standalone_batch_norm(op)
         elif op in self.whole_activations:
             self.visit_whole_activation(op, self.whole_activations[op])
+        elif self._same_scale(op) and op.type not in op_table.SAME_SCALE_TYPES:
+            return  # The converter removes it (`converter_rewrites`).
         elif op.type in op_table.OWN_RANGE_TYPES:
             self.visit_own_range(op)
         elif (op.type in op_table.SAME_SCALE_TYPES

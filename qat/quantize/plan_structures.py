@@ -7,6 +7,8 @@
   layer scale): weight ranges.
 * Batch norms after no layer: a range, and in eval graphs a 1x1 depthwise
   conv (`qat.quantize.standalone_batch_norm`).
+* Ops the converter removes or runs in their input's scale
+  (`qat.quantize.converter_rewrites`): same-scale ops.
 * Ops visited before their inputs had ranges (a rewrite created the ops
   they read after them): visited again.
 """
@@ -14,6 +16,7 @@ import tensorflow as tf
 
 from qat.matching import layer_patterns
 from qat.quantize import activation_patterns
+from qat.quantize import converter_rewrites
 from qat.quantize import op_table
 from qat.quantize import plan_graph
 from qat.quantize import standalone_batch_norm
@@ -21,6 +24,15 @@ from qat.quantize import standalone_batch_norm
 
 class StructurePlanning(object):
     """Mixin of `qat.quantize.plan.Planner` (uses its state and `_plan`)."""
+
+    def _same_scale(self, op: tf.Operation) -> bool:
+        """Whether `op`'s output has its input's range: a same-scale op, or
+        one the converter removes (`qat.quantize.converter_rewrites`)."""
+        if op not in self._same_scale_ops:
+            self._same_scale_ops[op] = (
+                op.type in op_table.SAME_SCALE_TYPES
+                or converter_rewrites.removed_or_same_scale(op, self.is_data))
+        return self._same_scale_ops[op]
 
     def _plan_parameters(self, op: tf.Operation) -> None:
         """Weight ranges on the variables an integer op computes with.

@@ -25,6 +25,15 @@ single layers next to a concatenation). Two places where TFLite decides the scal
   concatenation reads is a member of its group instead: TFLite then runs it
   in the concatenation's scale (its input requantized), and a second
   FakeQuant on that tensor would not convert ("same scale constraint").
+  A bilinear resize in a group goes further: the converter requantizes its
+  input to the group's scale, and when the resize is the only reader of the
+  tensor it reads (through same-scale ops), it merges that requantize into
+  the op computing the tensor (DeepLab's image pooling: the conv before the
+  resize gets the concatenation's scale). That tensor is then a member of
+  the group too; with other readers it keeps its own range and TFLite adds
+  a QUANTIZE before the resize.
+  A pool that is the identity (`converter_rewrites.is_identity_pool`) is
+  not rounded.
   An average pool that reads its range through a max pool (InceptionV3's
   first mixed block) is not rounded: there the converter left the max
   pool's other readers in float. A Mean has a range of its own (MEAN is an
@@ -58,6 +67,9 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from qat.quantize import converter_rewrites
+from qat.quantize import op_table
+from qat.quantize import patterns as qp
 from qat.quantize import plan_graph
 
 CONCAT_TYPES = frozenset(["ConcatV2", "Concat"])
@@ -81,7 +93,8 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
 
 def plan_rounding(planner, op: tf.Operation) -> None:
     """A FakeQuant on `op`'s output reading its input's range."""
-    if not planner.is_data(op.inputs[0]) or not plan_graph.is_float(op.outputs[0]):
+    if (not planner.is_data(op.inputs[0]) or not plan_graph.is_float(op.outputs[0])
+            or converter_rewrites.is_identity_pool(op)):
         return
     source = planner.plans.get(op.inputs[0])
     if source is None or source.is_weight:
@@ -122,6 +135,10 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
                 continue
             parent.setdefault(source, source)
             parent[find(source)] = find(out)
+            merged = _merged_resize_input(planner, source)
+            if merged is not None:
+                parent.setdefault(merged, merged)
+                parent[find(merged)] = find(out)
     groups: Dict[tf.Tensor, List[tf.Tensor]] = {}
     for t in parent:
         groups.setdefault(find(t), []).append(t)
@@ -137,3 +154,29 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             # A rounding (an average pool's output) reads the group's range instead.
             plan.shared, plan.before_update = owner_plan, True
             owner_plan.members.append(t)
+
+
+def _merged_resize_input(planner, member: tf.Tensor):
+    """The tensor a grouped bilinear resize reads, where the converter merges
+    the requantize to the group's scale into the op computing it; else None."""
+    op = member.op
+    if op.type != "ResizeBilinear" or not planner.is_data(op.inputs[0]):
+        return None
+    source = planner._source(op.inputs[0])  # pylint: disable=protected-access
+    plan = planner.plans.get(source)
+    if (plan is None or plan.is_weight or plan.per_channel
+            or source.op.type in qp.INPUT_TYPES):
+        return None
+    # Only the resize reads it (through the same-scale ops between them).
+    t = op.inputs[0]
+    for _ in range(10000):
+        if t is source:
+            break
+        if len(planner.readers(t)) != 1:
+            return None
+        t = t.op.inputs[op_table.same_scale_input(t.op, t.value_index)]
+        if not planner.is_data(t):
+            return None
+    else:
+        return None
+    return source if len(planner.readers(source)) == 1 else None
