@@ -197,6 +197,8 @@ def simpler(net: ConvNet):
         if size < net.spatial:
             yield dataclasses.replace(net, spatial=size)
     for i, b in enumerate(blocks):
+        if b.kind not in ("conv", "depthwise", GROUPED):
+            continue
         changes = [{"batch_norm": False}, {"activation": "none"}, {"stride": 1},
                    {"kernel": 1}, {"kind": "conv", "groups": 1}]
         for change in changes:
