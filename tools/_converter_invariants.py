@@ -167,7 +167,9 @@ def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[
             _record(results, "layers_within_one_step", flavour,
                     _layers(model, frozen, net, flavour))
     except Exception as e:  # pylint: disable=broad-except
-        results["pipeline_succeeds"] = f"{stage}: {type(e).__name__}: {e}"[:600]
+        lines = str(e).strip().splitlines() or [""]
+        text = lines[0] + (f" ... {lines[-1]}" if len(lines) > 1 else "")
+        results["pipeline_succeeds"] = f"{stage}: {type(e).__name__}: {text}"[:600]
     finally:
         if sess is not None:
             sess.close()

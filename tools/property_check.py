@@ -24,6 +24,7 @@ into their eval graphs with a strict Saver, converted to uint8 and int8, and
 checked for range survival and every layer within one step of TFLite.
 """
 import dataclasses
+import json
 import multiprocessing
 import os
 import sys
@@ -61,6 +62,8 @@ flags.DEFINE_integer("progress_every", 100, "Print a progress line every N examp
 flags.DEFINE_integer("shrink_budget", 40,
                      "Checks spent shrinking each violated invariant's example.")
 flags.DEFINE_float("time_limit_s", 0.0, "Stop after this many seconds (0: none).")
+flags.DEFINE_string("violations_log", None,
+                    "Append one JSON line per violating network (repr and messages) to this file.")
 flags.DEFINE_integer("workers", 1,
                      "Processes sharing the examples (worker i draws from seed "
                      "--seed * 1000 + i); for machines with more cores.")
@@ -125,18 +128,18 @@ def _worker(args) -> _Tally:
     tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     logging.set_verbosity(logging.ERROR)
-    *args, suite_name, grouped = args
-    return run(*args, suite=make_suite(suite_name, grouped))
+    *args, suite_name, grouped, log = args
+    return run(*args, suite=make_suite(suite_name, grouped), violations_log=log)
 
 
 def run_parallel(workers: int, num_examples: int, seed: int, max_depth: int,
                  progress_every: int, time_limit_s: float, suite_name: str = "rewrite",
-                 grouped: bool = False) -> _Tally:
+                 grouped: bool = False, violations_log: str = None) -> _Tally:
     """`run` split over `workers` processes with seeds seed * 1000 + i."""
     counts = [num_examples // workers + (i < num_examples % workers)
               for i in range(workers)]
     jobs = [(n, seed * 1000 + i, max_depth, progress_every, time_limit_s, f"worker {i}: ",
-             suite_name, grouped)
+             suite_name, grouped, violations_log)
             for i, n in enumerate(counts) if n]
     tally = _Tally(make_suite(suite_name, grouped).invariants)
     with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
@@ -146,7 +149,8 @@ def run_parallel(workers: int, num_examples: int, seed: int, max_depth: int,
 
 
 def run(num_examples: int, seed: int, max_depth: int, progress_every: int,
-        time_limit_s: float, label: str = "", suite: Suite = None) -> _Tally:
+        time_limit_s: float, label: str = "", suite: Suite = None,
+        violations_log: str = None) -> _Tally:
     """Checks `num_examples` networks drawn from `seed`; returns the tally."""
     suite = suite or make_suite("rewrite")
     tally = _Tally(suite.invariants)
@@ -160,7 +164,11 @@ def run(num_examples: int, seed: int, max_depth: int, progress_every: int,
     def check(net):
         if time_limit_s and time.time() - start > time_limit_s:
             raise _TimeUp()
-        tally.record(net, suite.violations(net))
+        violated = suite.violations(net)
+        tally.record(net, violated)
+        if violated and violations_log:
+            with open(violations_log, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"network": repr(net), "violations": violated}) + "\n")
         if tally.examples % progress_every == 0:
             elapsed = time.time() - start
             print(f"{label}{tally.examples}/{num_examples} examples, "
@@ -186,10 +194,10 @@ def main(argv):
     if FLAGS.workers > 1:
         tally = run_parallel(FLAGS.workers, FLAGS.examples, FLAGS.seed, max_depth,
                              FLAGS.progress_every, FLAGS.time_limit_s, FLAGS.suite,
-                             FLAGS.grouped)
+                             FLAGS.grouped, FLAGS.violations_log)
     else:
         tally = run(FLAGS.examples, FLAGS.seed, max_depth, FLAGS.progress_every,
-                    FLAGS.time_limit_s, suite=suite)
+                    FLAGS.time_limit_s, suite=suite, violations_log=FLAGS.violations_log)
     elapsed = time.time() - start
     print(f"\n{tally.examples} examples ({FLAGS.suite} suite, seed {FLAGS.seed}, "
           f"{FLAGS.workers} worker(s)) in {elapsed:.0f} s; "
