@@ -27,6 +27,7 @@ import tensorflow as tf
 from qat.export import freeze
 from qat.export import inspect
 from qat.export.errors import ExportError, RangeLostError
+from qat.report import structure
 from qat.report import tflite_names
 
 # Differs: the tensor holding the value has another scale or zero point (the
@@ -148,10 +149,8 @@ def _aliases(fake_quant: tf.Operation) -> List[tf.Operation]:
 
 def _activation_fake_quants(graph: tf.Graph) -> List[tf.Operation]:
     """FakeQuants whose data input is computed from a graph input, in graph order."""
-    data = set()
-    for op in graph.get_operations():  # Graph order is topological for imported graphs.
-        if op.type in _INPUT_TYPES or any(t.op in data for t in op.inputs):
-            data.add(op)
+    data = structure.forward_closure(op for op in graph.get_operations()
+                                     if op.type in _INPUT_TYPES)
     return [op for op in graph.get_operations()
             if op.type in _FAKE_QUANT_TYPES and op.inputs[0].op in data]
 
