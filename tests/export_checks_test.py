@@ -156,6 +156,10 @@ class RangeSurvivalTest(absltest.TestCase):
             self.assertEqual(result.survival.lost, [], flavour)
             self.assertEqual(result.survival.checked, 3, flavour)  # input, conv, conv2.
 
+    def test_empty_range_survives_as_the_converters_widened_one(self):
+        for flavour, result in self._export("empty").items():
+            self.assertEqual(result.survival.lost, [], flavour)
+
     def test_resize_into_concat_is_refused_naming_the_conv(self):
         for flavour in ("uint8", "int8"):
             with self.assertRaises(export.RangeLostError) as ctx:

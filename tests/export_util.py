@@ -69,7 +69,8 @@ def lost_range_graph(kind: str) -> tf.compat.v1.GraphDef:
     concatenation's scale. "add_zero_same" / "add_zero_other": a constant
     multiply and an add of 0 (tf_keras Rescaling) whose range ("add_quant")
     equals / differs from the multiply's: TFLite removes the add.
-    "clean": conv -> ReLU -> conv, every range kept.
+    "clean": conv -> ReLU -> conv, every range kept; "empty": the same, the last
+    range [0, 0] (the converter widens it to 1e-6, still a tensor of it).
     """
     graph = tf.Graph()
     with graph.as_default():
@@ -87,7 +88,7 @@ def lost_range_graph(kind: str) -> tf.compat.v1.GraphDef:
                 p = _fq(tf.compat.v1.image.resize_bilinear(p, [4, 4]), 0.0, 6.0,
                         "resize_quant")
                 y = _fq(tf.concat([a, p], -1), 0.0, 6.0, "concat_quant")
-            else:
-                y = _relu_conv(a, 3, 1, (0.0, 3.0), "conv2")
+            else:  # "clean", or "empty": a ReLU that never fires, range [0, 0].
+                y = _relu_conv(a, 3, 1, (0.0, 0.0 if kind == "empty" else 3.0), "conv2")
         tf.identity(y, name="output")
     return graph.as_graph_def()

@@ -37,6 +37,7 @@ from qat.report import tflite_names
 DIFFERS = "differs"
 MERGED = "merged"
 _SCALE_RTOL = 1e-5
+_EMPTY_RANGE_WIDTH = 1e-5
 _FAKE_QUANT_TYPES = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs"])
 _ALIAS_FORWARD = frozenset(["Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims"])
 _ALIAS_BACKWARD = frozenset(["Identity"])
@@ -118,6 +119,10 @@ def expected_quantization(lo: float, hi: float, num_bits: int = 8,
 
 
 def _same(scale: float, zero_point: int, other_scale: float, other_zero_point: int) -> bool:
+    if scale == 0.0:
+        # An empty range (min == max: a ReLU that never fired); the converter
+        # widens it to 1e-6 around the value, which it still holds.
+        return other_scale * 255.0 <= _EMPTY_RANGE_WIDTH
     return (zero_point == other_zero_point
             and math.isclose(scale, other_scale, rel_tol=_SCALE_RTOL, abs_tol=0.0))
 
