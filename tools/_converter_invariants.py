@@ -17,7 +17,8 @@ to both flavours, uint8 and int8. It returns, for each invariant of
 * `fully_integer`: no TFLite op computes in float (either flavour).
 * `ranges_survive`: every activation range of the eval graph is a TFLite
   tensor with exactly its scale and zero point
-  (`qat.export.range_survival`, either flavour).
+  (`qat.export.range_survival`, as `layer_numerics` reports it; either
+  flavour).
 * `layers_within_one_step`: given TFLite's own inputs, the eval graph
   computes every integer TFLite tensor it has a range of within one step,
   and the model output is matched (`qat.report.layer_numerics`' own steps,
@@ -35,7 +36,6 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 import qat
 from qat import export
 from qat import report
-from qat.export import range_survival
 from tools import _converter_networks as networks
 
 INVARIANTS = (
@@ -109,10 +109,7 @@ def _fully_integer(model: bytes, frozen) -> Optional[str]:
         f" (+{len(float_ops) - 3} more)" if len(float_ops) > 3 else "")
 
 
-def _layers(model: bytes, frozen, net, flavour: str) -> Optional[str]:
-    numerics = report.layer_numerics(
-        frozen, "input:0", ["output"], networks.inputs(net, NUMERICS_EXAMPLES, seed=100),
-        flavour=flavour, model=model, input_range=networks.input_range(net))
+def _layers(numerics: "report.NumericsReport") -> Optional[str]:
     problems = []
     if numerics.rows[-1].tflite_tensor is None:
         problems.append("the model output has no TFLite tensor")
@@ -161,11 +158,14 @@ def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[
                 input_ranges={"input": networks.input_range(net)})
             stage = f"{flavour} checks"
             _record(results, "fully_integer", flavour, _fully_integer(model, frozen))
-            survival = range_survival.check_ranges(frozen, model, flavour=flavour)
+            # The numerics check range survival too (`lost_ranges`).
+            numerics = report.layer_numerics(
+                frozen, "input:0", ["output"],
+                networks.inputs(net, NUMERICS_EXAMPLES, seed=100), flavour=flavour,
+                model=model, input_range=networks.input_range(net))
             _record(results, "ranges_survive", flavour,
-                    "; ".join(r.describe() for r in survival.lost[:3]) or None)
-            _record(results, "layers_within_one_step", flavour,
-                    _layers(model, frozen, net, flavour))
+                    "; ".join(r.describe() for r in numerics.lost_ranges[:3]) or None)
+            _record(results, "layers_within_one_step", flavour, _layers(numerics))
     except Exception as e:  # pylint: disable=broad-except
         lines = str(e).strip().splitlines() or [""]
         text = lines[0] + (f" ... {lines[-1]}" if len(lines) > 1 else "")
