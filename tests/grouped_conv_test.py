@@ -59,6 +59,10 @@ zoo_util.EXTRA_CASES.update({
                                  (32, 32, 3), (0.0, 255.0)),
     "regnet_y002": zoo_util.Case(zoo_util._app(keras.applications.RegNetY002),  # pylint: disable=protected-access
                                  (32, 32, 3), (0.0, 255.0)),
+    "regnet_x002_logits": zoo_util.Case(zoo_util._app(  # pylint: disable=protected-access
+        keras.applications.RegNetX002, classifier_activation=None), (32, 32, 3), (0.0, 255.0)),
+    "regnet_y002_logits": zoo_util.Case(zoo_util._app(  # pylint: disable=protected-access
+        keras.applications.RegNetY002, classifier_activation=None), (32, 32, 3), (0.0, 255.0)),
 })
 _GROUPED_LAYERS = ("group", "depthwise", "group_bias")
 
@@ -121,9 +125,37 @@ class GroupedConvTest(zoo_test.ZooChecks, parameterized.TestCase):
             folded = sess.run(y, {x: inputs})
         np.testing.assert_allclose(folded, unfolded, rtol=1e-4, atol=1e-4)
 
+    def test_only_a_body_of_one_layer_is_replaced(self):
+        """A call whose body is one Conv2D of its two inputs is that layer; more is not."""
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [1, 8, 8, 4], name="x")
+            w = tf1.get_variable("w", [3, 3, 2, 4])
+
+            @tf.function
+            def conv(t, kernel):
+                return tf.nn.conv2d(t, kernel, 1, "SAME", name="inner_conv")
+
+            @tf.function
+            def conv_relu(t, kernel):
+                return tf.nn.relu(tf.nn.conv2d(t, kernel, 1, "SAME", name="inner_conv_relu"))
+
+            tf.identity(conv(x, w), name="a")
+            tf.identity(conv_relu(x, w), name="b")
+            result = qat.insert_quant_ops(g, is_training=False)
+        a = g.get_operation_by_name("a").inputs[0].op
+        self.assertEqual(a.type, "Conv2D")
+        self.assertTrue(marks.made_by_qat(a, marks.LAYER_CALL))
+        self.assertIn(g.get_operation_by_name("b").inputs[0].op.type,
+                      layer_patterns.LAYER_CALL_TYPES)
+        self.assertEqual([item.name.rpartition("/")[2] for item in result.left_float],
+                         ["inner_conv_relu"])
+
     @parameterized.named_parameters(("block", "grouped_block"),
                                     ("regnet_x002", "regnet_x002"),
-                                    ("regnet_y002", "regnet_y002"))
+                                    ("regnet_y002", "regnet_y002"),
+                                    ("regnet_x002_logits", "regnet_x002_logits"),
+                                    ("regnet_y002_logits", "regnet_y002_logits"))
     def test_train_restore_export(self, name):
         figures = self.check_train_restore_export(name)
         print(name, figures)

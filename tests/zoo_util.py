@@ -203,6 +203,13 @@ CASES: Dict[str, Case] = {
     "mobilenet_v3_large_logits": Case(
         _app(_APPS.MobileNetV3Large, classifier_activation=None), (32, 32, 3),
         (0.0, 255.0)),
+    # Logits outputs (classifier_activation=None) of the models above
+    # (issue #25's acceptance).
+    "mobilenet_v2_logits": Case(_app(_APPS.MobileNetV2, classifier_activation=None),
+                                (32, 32, 3)),
+    "efficientnet_b0_logits": Case(_app(_APPS.EfficientNetB0, classifier_activation=None),
+                                   (32, 32, 3), (0.0, 255.0)),
+    "resnet50_logits": Case(_app(_APPS.ResNet50, classifier_activation=None), (32, 32, 3)),
     "resnet50": Case(_app(_APPS.ResNet50), (32, 32, 3)),
     "resnet50_v2": Case(_app(_APPS.ResNet50V2), (32, 32, 3)),
     # Measured with shared concatenation ranges (README "The zoo"): 0.72 /
