@@ -156,7 +156,9 @@ def _lost_ranges(frozen, model, flavour):
             continue  # A weight or parameter range.
         scale, zero_point = range_survival.expected_quantization(
             value(node.input[1]), value(node.input[2]), flavour=flavour)
-        if not any(shape == tuple(data.shape.as_list())
+        want = data.shape.as_list()
+        if not any(len(shape) == len(want)
+                   and all(w is None or w == d for w, d in zip(want, shape))
                    and abs(s - scale) <= 1e-5 * scale and z == zero_point
                    for shape, s, z in tensors):
             lost.append(f"{node.name} (scale {scale:.6g}, zero point {zero_point})")

@@ -22,11 +22,10 @@ removes, each measured with distinct ranges on every quantizer:
   a requantize when nothing else reads its input; either way the output has
   no range of its own unless the planner requantizes.
 * Pools whose window is 1x1 with stride 1: the output is the input.
-* MAXIMUM / MINIMUM with one constant operand (a clamp written with
-  `tf.maximum`, `tf.minimum`): TFLite runs them with the input's scale (a
-  `Maximum(x, 0)` after a layer is fused into the layer as its RELU), so
-  they share their data input's range; TFLite rounds the constant to that
-  grid.
+
+Not modelled (docs/known_limits.md): a clamp written with `tf.maximum` /
+`tf.minimum` and a constant, which the converter fuses into the layer
+before it (as RELU) or rewrites into RELU6 (`minimum(maximum(x, 0), 6)`).
 
 Where a shape or a constant is not known statically (a dynamic spatial size,
 axes computed at run time) the op is assumed to be kept: it keeps its own
@@ -46,8 +45,6 @@ _NEUTRAL = {
 }
 _REDUCTIONS = frozenset(["Mean", "Sum", "Max", "Min", "Prod"])
 _POOLS = frozenset(["AvgPool", "MaxPool"])
-# Clamps TFLite runs in their data input's scale.
-_CLAMPS = frozenset(["Maximum", "Minimum"])
 
 
 def _constant(t: tf.Tensor) -> Optional[np.ndarray]:
@@ -116,14 +113,6 @@ def is_identity_pool(op: tf.Operation) -> bool:
     return x == out and all(x[a] == 1 for a in spatial)
 
 
-def is_constant_clamp(op: tf.Operation, is_data) -> bool:
-    """MAXIMUM / MINIMUM of a data tensor and a constant: the input's scale."""
-    if op.type not in _CLAMPS:
-        return False
-    found = _one_data_input(op, is_data)
-    return found is not None and found[1].size == 1
-
-
 def removed_or_same_scale(op: tf.Operation,
                           is_data: Callable[[tf.Tensor], bool]) -> bool:
     """Whether the converter removes `op` or runs it in its input's scale.
@@ -136,4 +125,4 @@ def removed_or_same_scale(op: tf.Operation,
       True if `op`'s output must share its data input's range (no own range).
     """
     return (is_neutral_arithmetic(op, is_data) or is_size_one_reduction(op)
-            or is_identity_pool(op) or is_constant_clamp(op, is_data))
+            or is_identity_pool(op))
