@@ -68,6 +68,35 @@ def _rescaling_without_offset(x, training):
     return _conv(y, 4, 3, "a", None, training)
 
 
+def _rescaling_then_pool(x, training):
+    """A same-scale op after the removed add reads the multiply's range."""
+    y = keras.layers.Rescaling(1.0 / 255.0)(x)
+    y = tf.nn.max_pool2d(y, 2, 2, "VALID")
+    return _conv(y, 4, 1, "a", None, training)
+
+
+def _normalisation(x, training):
+    """(x - mean) / std by constant vectors: the converter makes the division a MUL."""
+    y = (x - tf.constant([0.4, 0.5, 0.6])) / tf.constant([0.2, 0.25, 0.3])
+    return _conv(y, 4, 3, "a", None, training)
+
+
+def _hard_sigmoid_excite(x, training):
+    """MobileNetV3's excite: relu6(conv + 3) / 6, the +3 folded into the bias."""
+    a = _conv(x, 8, 3, "a", training=training)
+    s = tf.reduce_mean(a, [1, 2], keepdims=True)
+    s = tf1.layers.conv2d(s, 8, 1, name="excite")
+    s = tf.nn.relu6(s + 3.0) * (1.0 / 6.0)
+    return _conv(a * s, 4, 1, "head", None, training)
+
+
+def _global_max_pool(x, training):
+    """tf.reduce_max over H, W: REDUCE_MAX keeps its input's scale."""
+    a = _conv(x, 8, 3, "a", None, training) - 0.5
+    m = tf.reduce_max(a, [1, 2], keepdims=True)
+    return _conv(m, 4, 1, "head", None, training)
+
+
 def _identity_arithmetic(x, training):
     a = _conv(x, 8, 3, "a", training=training)
     return _conv((a * 1.0) - 0.0, 4, 1, "b", None, training)
@@ -81,6 +110,8 @@ def _identity_pool(x, training):
 CASES = dict(image_pooling=_image_pooling, resize_two_readers=_resize_two_readers,
              squeeze_excite_1x1=_squeeze_excite_1x1,
              rescaling_without_offset=_rescaling_without_offset,
+             rescaling_then_pool=_rescaling_then_pool, normalisation=_normalisation,
+             hard_sigmoid_excite=_hard_sigmoid_excite, global_max_pool=_global_max_pool,
              identity_arithmetic=_identity_arithmetic,
              identity_pool=_identity_pool)
 
@@ -89,7 +120,7 @@ def _build(case, training):
     g = tf.Graph()
     with g.as_default():
         tf1.set_random_seed(0)
-        x = tf1.placeholder(tf.float32, (1, 8, 8, 3), name="input")
+        x = tf1.placeholder(tf.float32, (None, 8, 8, 3), name="input")
         y = tf.identity(CASES[case](x, training), name="output")
     return g, x, y
 
@@ -239,6 +270,13 @@ class PredicateTest(tf.test.TestCase):
             self.assertTrue(converter_rewrites.is_neutral_arithmetic((1.0 * x).op, is_data))
             self.assertFalse(converter_rewrites.is_neutral_arithmetic((x * 2.0).op, is_data))
             self.assertFalse(converter_rewrites.is_neutral_arithmetic((0.0 - x).op, is_data))
+            batch = tf1.placeholder(tf.float32, (None, 4, 4, 8))
+            self.assertTrue(converter_rewrites.is_neutral_arithmetic(
+                (batch + tf.zeros([8])).op, is_data))
+            self.assertTrue(converter_rewrites.is_constant_division(
+                (batch / tf.ones([8]) * 2.0).op.inputs[0].op, is_data))
+            self.assertFalse(converter_rewrites.is_constant_division(
+                (2.0 / batch).op, is_data))
             # A broadcast that grows the tensor is not removed.
             grow = x + tf.zeros([2, 4, 4, 8])
             self.assertFalse(converter_rewrites.is_neutral_arithmetic(grow.op, is_data))

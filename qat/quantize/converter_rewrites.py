@@ -23,6 +23,17 @@ removes, each measured with distinct ranges on every quantizer:
   no range of its own unless the planner requantizes.
 * Pools whose window is 1x1 with stride 1: the output is the input.
 
+TFLite runs REDUCE_MAX / REDUCE_MIN (a global max pool written with
+`tf.reduce_max`) in its input's scale: same-scale ops
+(`is_extremum_reduction`). A constant added to a layer's output, when the
+add is its sole reader (MobileNetV3's hard sigmoid `relu6(conv + 3) / 6`), is
+folded into the layer's bias and a RELU / RELU6 after it fused: the layer's
+range goes after them (`folded_bias_add`).
+
+And what it rewrites into an op that needs a range: a division by a
+constant (`(x - mean) / std` normalisation) becomes a MUL by the constant's
+reciprocal, an own-range op (`is_constant_division`).
+
 Not modelled (docs/known_limits.md): a clamp written with `tf.maximum` /
 `tf.minimum` and a constant, which the converter fuses into the layer
 before it (as RELU) or rewrites into RELU6 (`minimum(maximum(x, 0), 6)`).
@@ -79,10 +90,29 @@ def is_neutral_arithmetic(op: tf.Operation, is_data) -> bool:
     neutral, either_side = _NEUTRAL[op.type]
     if index == 1 and not either_side:
         return False
-    x = op.inputs[index]
     return (value.size > 0 and bool(np.all(value == neutral))
-            and x.shape.is_fully_defined() and op.outputs[0].shape.is_fully_defined()
-            and x.shape == op.outputs[0].shape)
+            and _broadcasts_into(value.shape, op.inputs[index].shape))
+
+
+def _broadcasts_into(constant_shape, x_shape: tf.TensorShape) -> bool:
+    """Whether a constant of `constant_shape` broadcasts without growing x.
+
+    Each constant dimension must be 1 or x's static size there (an unknown
+    batch is fine where the constant has 1 or no dimension).
+    """
+    if x_shape.rank is None or len(constant_shape) > x_shape.rank:
+        return False
+    dims = x_shape.as_list()[x_shape.rank - len(constant_shape):]
+    return all(c == 1 or c == d for c, d in zip(constant_shape, dims))
+
+
+def is_constant_division(op: tf.Operation, is_data) -> bool:
+    """`x / c` with a constant divisor: the converter makes it MUL by 1/c."""
+    if op.type not in ("RealDiv", "Div"):
+        return False
+    found = _one_data_input(op, is_data)
+    return (found is not None and found[0] == 0
+            and _broadcasts_into(found[1].shape, op.inputs[0].shape))
 
 
 def is_size_one_reduction(op: tf.Operation) -> bool:
@@ -113,6 +143,29 @@ def is_identity_pool(op: tf.Operation) -> bool:
     return x == out and all(x[a] == 1 for a in spatial)
 
 
+def is_extremum_reduction(op: tf.Operation) -> bool:
+    """REDUCE_MAX / REDUCE_MIN (a global max pool): TFLite keeps the input's scale."""
+    return op.type in ("Max", "Min") and len(op.inputs) == 2
+
+
+def folded_bias_add(op: tf.Operation, out: tf.Tensor, is_data) -> bool:
+    """`out + c` / `out - c` after a layer: the converter folds c into the bias.
+
+    Args:
+      op: the sole reader of a layer's output `out`.
+      out: the layer output.
+      is_data: whether a tensor is computed from the model's inputs.
+
+    Returns:
+      True if `op` adds a constant (scalar or per channel) to `out`.
+    """
+    if op.type not in ("Add", "AddV2", "Sub") or op.inputs[0] is not out and (
+            op.type == "Sub" or op.inputs[1] is not out):
+        return False
+    found = _one_data_input(op, is_data)
+    return found is not None and _broadcasts_into(found[1].shape, out.shape)
+
+
 def removed_or_same_scale(op: tf.Operation,
                           is_data: Callable[[tf.Tensor], bool]) -> bool:
     """Whether the converter removes `op` or runs it in its input's scale.
@@ -125,4 +178,4 @@ def removed_or_same_scale(op: tf.Operation,
       True if `op`'s output must share its data input's range (no own range).
     """
     return (is_neutral_arithmetic(op, is_data) or is_size_one_reduction(op)
-            or is_identity_pool(op))
+            or is_identity_pool(op) or is_extremum_reduction(op))

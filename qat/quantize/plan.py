@@ -281,6 +281,8 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         # between the layer output and the activation.
         fusable = (out.shape.rank == layer.outputs[0].shape.rank
                    and not any(op.type == "BatchToSpaceND" for op in tail))
+        if fusable:
+            out = self._fold_constant_adds(out, exclude)
         self._plan_output(out, ctx, kind, -6.0, exclude=exclude,
                           fusable=fusable)
 
@@ -363,6 +365,8 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             return  # The converter removes it (`converter_rewrites`).
         elif op.type in op_table.OWN_RANGE_TYPES:
             self.visit_own_range(op)
+        elif self._is_constant_division(op):
+            self.visit_constant_division(op)
         elif (op.type in op_table.SAME_SCALE_TYPES
               or op.type in op_table.FIXED_RANGE_TYPES
               or op.type in qp.METADATA_TYPES):  # Read shapes, not values.

@@ -34,6 +34,36 @@ class StructurePlanning(object):
                 or converter_rewrites.removed_or_same_scale(op, self.is_data))
         return self._same_scale_ops[op]
 
+    def _is_constant_division(self, op: tf.Operation) -> bool:
+        return converter_rewrites.is_constant_division(op, self.is_data)
+
+    def visit_constant_division(self, op: tf.Operation) -> None:
+        """`x / c`, which TFLite runs as MUL by 1/c: a range on its output.
+
+        The constant stays unquantized here: TFLite quantizes 1/c, not c.
+        """
+        x = op.inputs[0]
+        if not self._is_ranged(x) and not self._is_input(x):
+            self._deferred.append(op)
+            return
+        self._require(x)
+        out = op.outputs[0]
+        self._plan(out, plan_graph.own_context(op), "div_quant", -6.0,
+                   self.consumers(out), allow_unused=True)
+
+    def _fold_constant_adds(self, out: tf.Tensor, exclude) -> tf.Tensor:
+        """The layer output after the constant adds the converter folds into
+        its bias (`converter_rewrites.folded_bias_add`); those join the tail."""
+        for _ in range(100):
+            readers = self._final_readers(out, exclude)
+            if (len(readers) != 1 or not self._in_scope(readers[0])
+                    or readers[0] in self.interior or readers[0] in self.tails
+                    or not converter_rewrites.folded_bias_add(readers[0], out, self.is_data)):
+                return out
+            self.tail_ops.add(readers[0])
+            out = readers[0].outputs[0]
+        return out
+
     def _plan_parameters(self, op: tf.Operation) -> None:
         """Weight ranges on the variables an integer op computes with.
 
