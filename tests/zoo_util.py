@@ -304,6 +304,7 @@ def train_two_steps(name: str, checkpoint: str, batch: int = 2):
         qat.experimental_create_training_graph(g, symmetric_weights=True)
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             train_op = tf1.train.AdamOptimizer(1e-4).minimize(loss)
+        recalibrate = recalibrate_batch_norms(g)
         saver = tf1.train.Saver()
         losses = []
         with tf1.Session() as sess:
@@ -312,13 +313,22 @@ def train_two_steps(name: str, checkpoint: str, batch: int = 2):
                 feed = {x: make_inputs(name, batch, seed=step),
                         labels: np.arange(batch) % 10}
                 losses.append(sess.run([train_op, loss], feed)[1])
-            calibration = calibrate_to_convergence(
-                sess, y, {x: make_inputs(name, _CALIBRATION_EXAMPLES, seed=2)})
-            logging.info("%s: calibrated in %d rounds", name, calibration.rounds)
+            # Not calibrate_to_convergence: see "One-shot calibration" below.
+            sess.run(recalibrate, {x: make_inputs(name, _CALIBRATION_EXAMPLES, seed=2)})
             saver.save(sess, checkpoint)
     return losses
 
 
+# One-shot calibration: zoo_test and slim_nets_test recalibrate the batch norms once
+# (`recalibrate_batch_norms`) and keep the ranges of the two training steps:
+# `calibrate_to_convergence` makes their end-to-end differences larger, not
+# smaller. With ranges that fit the eval graph's activations, the
+# quantization error of these two-step random networks (per-tensor folded
+# weights) reaches the output: QAT-vs-float SQNR falls to 0 dB by the last
+# stage, MobileNetV2's output (softmax) then differs by 116 output steps
+# instead of 0.73, ResNet v2 50 (int8, TF-Slim) by 87 instead of 61. The
+# per-layer checks (every layer within one step given TFLite's inputs) stay
+# the precise ones.
 # Examples of the batch the moving statistics are recalibrated on.
 _CALIBRATION_EXAMPLES = 8
 
@@ -366,13 +376,8 @@ class Calibration:
     worst: str     # The range that moved most in the last round.
 
 
-def _activation_ranges(graph: tf.Graph) -> List[Tuple[tf.Tensor, tf.Tensor]]:
-    """(min, max) value tensors of every activation range qat created.
-
-    An activation range is a quantizer range whose update reads data (computed
-    from a placeholder); a weight range follows the weights (and, folded, the
-    moving variance) and is left out.
-    """
+def _data_ops(graph: tf.Graph) -> set:
+    """The ops computed from a placeholder."""
     data_ops = set()
     frontier = [op for op in graph.get_operations() if op.type == "Placeholder"]
     while frontier:
@@ -381,6 +386,21 @@ def _activation_ranges(graph: tf.Graph) -> List[Tuple[tf.Tensor, tf.Tensor]]:
             continue
         data_ops.add(op)
         frontier.extend(c for t in op.outputs for c in t.consumers())
+    return data_ops
+
+
+# Stateful random ops: a new draw each run (dropout masks, drop connect).
+_RANDOM_TYPES = frozenset(["RandomUniform", "RandomStandardNormal", "TruncatedNormal",
+                           "RandomUniformInt"])
+
+
+def _activation_ranges(graph: tf.Graph, data_ops: set) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+    """(min, max) value tensors of every activation range qat created.
+
+    An activation range is a quantizer range whose update reads data (computed
+    from a placeholder); a weight range follows the weights (and, folded, the
+    moving variance) and is left out.
+    """
     found = {}
     for op in graph.get_operations():
         end = op.name.rpartition("/")[2]
@@ -412,7 +432,8 @@ def calibrate_to_convergence(sess, fetches, feed,
     (`recalibrate_batch_norms`), as after a long training. Then, in rounds,
     qat's `fake_quantization_step` is reset, so that a run's range updates
     take the batch's own range (qat's first-batch start) instead of a
-    moving-average step, and `fetches` run on `feed`; the rounds end when no
+    moving-average step, and `fetches` run on `feed` (random ops in the data
+    path, dropout's masks, fed one draw for all rounds); the rounds end when no
     activation range moved by more than `tolerance` of its width (weight
     ranges follow the weights and the moving variances). The statistics are
     set once, not iterated with the ranges: with per-tensor weight ranges the
@@ -444,8 +465,14 @@ def calibrate_to_convergence(sess, fetches, feed,
                              "qat's create_training_graph (no fake_quantization_step).")
         reset = tf1.assign(step, tf.constant(0, step.dtype.base_dtype))
         recalibrate = recalibrate_batch_norms(graph)
-        ranges = _activation_ranges(graph)
+        data_ops = _data_ops(graph)
+        ranges = _activation_ranges(graph, data_ops)
         watched = [t for pair in ranges for t in pair]
+        random = [op.outputs[0] for op in graph.get_operations()
+                  if op.type in _RANDOM_TYPES and op in data_ops]
+    # Dropout draws a new mask each run: one draw, fed to every round.
+    feed = dict(feed)
+    feed.update(zip(random, sess.run(random, feed)))
     sess.run(recalibrate, feed)
     before = None
     result = Calibration(0, float("inf"), "")
