@@ -286,7 +286,7 @@ class SlimNetsTest(zoo_util.ZooAssertions, parameterized.TestCase):
                 model = zoo_util.convert_with_tf(sess, x, y, export_flavour, _INPUT_RANGE)
                 export.check_fully_integer(model, frozen, label=f"{name} {export_flavour} (TF)")
                 range_survival.check_range_survival(
-                    frozen, model, label=f"{name} {export_flavour} (TF)", allow_merged=False)
+                    frozen, model, label=f"{name} {export_flavour} (TF)")
                 parity = export.check_parity(
                     model, frozen, x.name, y.name, inputs,
                     max_diff_steps=net.max_diff_steps)
