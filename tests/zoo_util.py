@@ -7,8 +7,9 @@ checkpoint (batch norms recalibrated), `eval_session` restores that
 checkpoint into a separately built eval graph with a plain strict
 `Saver().restore`, `convert_with_tf` converts with TensorFlow's own converter
 and the flags of docs/int8_export.md, and `layer_agreement` compares a TFLite model with the
-eval graph layer by layer. `make_pattern_inputs` and `recalibrate_batch_norms`
-work on any model. Used by tests/zoo_test.py and tests/slim_nets_test.py.
+eval graph layer by layer. `make_pattern_inputs`, `recalibrate_batch_norms` and
+`calibrate_to_convergence` (ranges iterated until none moves) work on any
+model. Used by tests/zoo_test.py and tests/slim_nets_test.py.
 """
 import dataclasses
 import math
