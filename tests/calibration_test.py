@@ -1,4 +1,4 @@
-"""zoo_util.calibrate_to_convergence: a converged calibration for test models."""
+"""calibration_util.calibrate_to_convergence: a converged calibration for test models."""
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -10,6 +10,7 @@ import tf_keras as keras  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
+import calibration_util  # pylint: disable=g-import-not-at-top
 import zoo_util  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
@@ -46,9 +47,9 @@ class CalibrationTest(absltest.TestCase):
         g, x, y, sess = self._session()
         feed = {x: zoo_util.make_inputs("calibration_net", 8, seed=2)}
         with sess:
-            result = zoo_util.calibrate_to_convergence(sess, y, feed)
-            self.assertLessEqual(result.move, zoo_util.CALIBRATION_TOLERANCE)
-            self.assertLessEqual(result.rounds, zoo_util.CALIBRATION_MAX_ROUNDS)
+            result = calibration_util.calibrate_to_convergence(sess, y, feed)
+            self.assertLessEqual(result.move, calibration_util.CALIBRATION_TOLERANCE)
+            self.assertLessEqual(result.rounds, calibration_util.CALIBRATION_MAX_ROUNDS)
             # The first conv's activation range is its output's range on the batch.
             quant = g.get_operation_by_name("conv0/act_quant/min")
             lo, hi = sess.run([g.get_tensor_by_name("conv0/act_quant/min/Read/ReadVariableOp:0"),
@@ -64,9 +65,9 @@ class CalibrationTest(absltest.TestCase):
     def test_too_few_rounds_fail_clearly(self):
         _, x, y, sess = self._session()
         feed = {x: zoo_util.make_inputs("calibration_net", 8, seed=2)}
-        with sess, self.assertRaisesRegex(zoo_util.CalibrationNotConverged,
+        with sess, self.assertRaisesRegex(calibration_util.CalibrationNotConverged,
                                           "did not converge in 1 rounds"):
-            zoo_util.calibrate_to_convergence(sess, y, feed, max_rounds=1)
+            calibration_util.calibrate_to_convergence(sess, y, feed, max_rounds=1)
 
     def test_needs_a_training_graph(self):
         g, x, y = zoo_util.build_graph("calibration_net", training=False)
@@ -74,7 +75,7 @@ class CalibrationTest(absltest.TestCase):
             qat.experimental_create_eval_graph(g, symmetric_weights=True)
             with tf1.Session() as sess, self.assertRaisesRegex(ValueError, "create_training_graph"):
                 sess.run(tf1.global_variables_initializer())
-                zoo_util.calibrate_to_convergence(
+                calibration_util.calibrate_to_convergence(
                     sess, y, {x: zoo_util.make_inputs("calibration_net", 2)})
 
 

@@ -236,7 +236,7 @@ def train_two_steps(net: Net, flavour: str, checkpoint: str):
                 feed = {images: _inputs(net, _BATCH, seed=step),
                         labels: np.arange(_BATCH) % _NUM_CLASSES}
                 losses.append(sess.run([train_op, total_loss], feed)[1])
-            # Not zoo_util.calibrate_to_convergence: see zoo_util's "One-shot calibration".
+            # Not calibration_util.calibrate_to_convergence: see zoo_util's "One-shot calibration".
             sess.run(recalibrate, {images: _inputs(net, 8, seed=2)})
             saver.save(sess, checkpoint)
     return losses
