@@ -1,4 +1,4 @@
-"""Export robustness: non-finite weights and ranges, shape-only ops."""
+"""Export robustness: non-finite weights and ranges, shape-only ops, lost ranges."""
 import tempfile
 
 import numpy as np
@@ -7,7 +7,8 @@ from absl.testing import absltest
 
 from qat import export
 from qat.export import inspect
-from export_util import build_int_input_model, build_model, make_int_inputs
+from qat.export import range_survival
+from export_util import build_int_input_model, build_model, lost_range_graph, make_int_inputs
 
 tf1 = tf.compat.v1
 
@@ -189,6 +190,78 @@ class IntegerInputsTest(absltest.TestCase):
             export.export_tflite(["ids", "mask", "x"], ["output"], tempfile.mkdtemp(),
                                  sess=sess, flavours=("int8",), parity_inputs=inputs)
         sess.close()
+
+
+class RangeSurvivalTest(absltest.TestCase):
+    """Every activation range is a TFLite tensor of its scale, or export says so."""
+
+    def _export(self, kind, **kwargs):
+        return export.export_tflite(["input"], ["output"], tempfile.mkdtemp(),
+                                    frozen_graph_def=lost_range_graph(kind), **kwargs)
+
+    def test_expected_quantization_is_fake_quants_nudged_grid(self):
+        for flavour, zero_point in (("uint8", 0), ("int8", -128)):
+            scale, zp = range_survival.expected_quantization(0.0, 2.55, flavour=flavour)
+            self.assertAlmostEqual(scale, 0.01)
+            self.assertEqual(zp, zero_point)
+        scale, zero_point = range_survival.expected_quantization(-1.0, 1.0)
+        self.assertAlmostEqual(scale, 2.0 / 255.0)
+        self.assertEqual(zero_point, 128)  # 127.5 rounds away from zero, as FakeQuant's.
+        self.assertEqual(range_survival.expected_quantization(-2.0, -1.0)[1], 255)
+
+    def test_every_range_of_a_plain_chain_survives(self):
+        results = self._export("clean")
+        for flavour, result in results.items():
+            self.assertEqual(result.survival.lost, [], flavour)
+            self.assertEqual(result.survival.checked, 3, flavour)  # input, conv, conv2.
+
+    def test_empty_range_survives_as_the_converters_widened_one(self):
+        for flavour, result in self._export("empty").items():
+            self.assertEqual(result.survival.lost, [], flavour)
+
+    def test_resize_into_concat_is_refused_naming_the_conv(self):
+        for flavour in ("uint8", "int8"):
+            with self.assertRaises(export.RangeLostError) as ctx:
+                self._export("resize_concat", flavours=(flavour,))
+            self.assertEqual([r.quantizer for r in ctx.exception.lost],
+                             ["pool_conv/act_quant"], flavour)
+            lost = ctx.exception.lost[0]
+            self.assertEqual(lost.kind, range_survival.DIFFERS)
+            self.assertAlmostEqual(lost.scale, 2.0 / 255.0, places=7)
+            # TFLite gives the conv the concatenation's scale.
+            self.assertEqual(lost.nearest, "pool_conv/Relu;pool_conv/Conv2D")
+            self.assertAlmostEqual(lost.nearest_scale, 6.0 / 255.0, places=7)
+            message = str(ctx.exception)
+            self.assertIn("pool_conv/act_quant (pool_conv/Relu:0, range [0, 2]", message)
+            self.assertIn("allow_lost_ranges=True", message)
+
+    def test_allow_lost_ranges_exports_and_reports_them(self):
+        results = self._export("resize_concat", allow_lost_ranges=True)
+        for flavour, result in results.items():
+            self.assertEqual([r.quantizer for r in result.survival.differing],
+                             ["pool_conv/act_quant"], flavour)
+            self.assertIn("5 of 6 activation ranges", result.survival.format())
+
+    def test_removed_add_with_the_same_range_is_reported_not_refused(self):
+        results = self._export("add_zero_same")
+        for flavour, result in results.items():
+            self.assertEqual([(r.quantizer, r.kind, r.nearest) for r in result.survival.lost],
+                             [("add_quant", range_survival.MERGED, "mul")], flavour)
+            self.assertEqual(result.survival.differing, [])
+        with self.assertRaises(export.RangeLostError):
+            range_survival.check_range_survival(lost_range_graph("add_zero_same"),
+                                                results["int8"].model, allow_merged=False)
+
+    def test_removed_add_with_another_range_is_refused(self):
+        with self.assertRaises(export.RangeLostError) as ctx:
+            self._export("add_zero_other", flavours=("uint8",))
+        self.assertEqual([(r.quantizer, r.kind) for r in ctx.exception.lost],
+                         [("add_quant", range_survival.DIFFERS)])
+
+    def test_session_needs_output_names(self):
+        with self.assertRaisesRegex(export.ExportError, "output_names"):
+            with tf1.Session(graph=tf.Graph()) as sess:
+                range_survival.check_ranges(sess, b"")
 
 
 if __name__ == "__main__":

@@ -96,3 +96,45 @@ def make_int_inputs(n=64, seed=1):
     return {"ids": rng.randint(0, VOCAB, (n, SEQ)).astype(np.int32),
             "mask": rng.randint(0, 2, (n, SEQ)).astype(np.int32),
             "x": rng.uniform(0.0, 1.0, (n, 6)).astype(np.float32)}
+
+
+def _relu_conv(x, channels, seed, act_range, name):
+    w = tf.constant(np.random.RandomState(seed).normal(
+        0, 0.3, (1, 1, int(x.shape[-1]), channels)), tf.float32)
+    wq = _fq(w, -1.0, 1.0, f"{name}/weights_quant", narrow=True)
+    y = tf.nn.relu(tf.nn.conv2d(x, wq, 1, "SAME", name=f"{name}/Conv2D"), name=f"{name}/Relu")
+    return _fq(y, *act_range, f"{name}/act_quant")
+
+
+def lost_range_graph(kind: str) -> tf.compat.v1.GraphDef:
+    """A frozen eval graph ("input" -> "output", [None, 4, 4, 3] in [0, 1]) whose
+    ranges TF's converter does not all keep, built by hand (no planner involved).
+
+    kind "resize_concat": image pooling, a 1x1 conv + ReLU ("pool_conv", range
+    [0, 2]) resized into a concatenation ([0, 6]): TFLite gives the conv the
+    concatenation's scale. "add_zero_same" / "add_zero_other": a constant
+    multiply and an add of 0 (tf_keras Rescaling) whose range ("add_quant")
+    equals / differs from the multiply's: TFLite removes the add.
+    "clean": conv -> ReLU -> conv, every range kept; "empty": the same, the last
+    range [0, 0] (the converter widens it to 1e-6, still a tensor of it).
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4, 4, 3], name="input")
+        xq = _fq(x, 0.0, 1.0, "input_quant")
+        if kind.startswith("add_zero"):
+            m = _fq(xq * 0.5, 0.0, 0.5, "mul_quant")
+            a = _fq(m + 0.0, 0.0, 0.5 if kind == "add_zero_same" else 1.0, "add_quant")
+            y = _relu_conv(a, 4, 0, (0.0, 4.0), "conv")
+        else:
+            a = _relu_conv(xq, 4, 0, (0.0, 6.0), "conv")
+            if kind == "resize_concat":
+                p = _fq(tf.reduce_mean(a, [1, 2], keepdims=True), 0.0, 6.0, "mean_quant")
+                p = _relu_conv(p, 4, 1, (0.0, 2.0), "pool_conv")
+                p = _fq(tf.compat.v1.image.resize_bilinear(p, [4, 4]), 0.0, 6.0,
+                        "resize_quant")
+                y = _fq(tf.concat([a, p], -1), 0.0, 6.0, "concat_quant")
+            else:  # "clean", or "empty": a ReLU that never fires, range [0, 0].
+                y = _relu_conv(a, 3, 1, (0.0, 0.0 if kind == "empty" else 3.0), "conv2")
+        tf.identity(y, name="output")
+    return graph.as_graph_def()

@@ -18,6 +18,7 @@ from qat import report  # pylint: disable=g-import-not-at-top
 from qat.report import numerics  # pylint: disable=g-import-not-at-top
 from qat.report import plots  # pylint: disable=g-import-not-at-top
 import export_util  # pylint: disable=g-import-not-at-top
+from export_util import lost_range_graph  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 _TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -459,6 +460,38 @@ class IntegerInputsNumericsTest(absltest.TestCase):
         self.assertRegex(proc.stdout, r"numerics \(int8, 16 examples")
         self.assertIn("net/emb_quant", proc.stdout)
 
+
+
+class LostRangesTest(absltest.TestCase):
+    """Rows and ranges without a TFLite tensor are named, not skipped silently."""
+
+    def _numerics(self, kind):
+        frozen = lost_range_graph(kind)
+        samples = np.random.RandomState(3).uniform(0, 1, [8, 4, 4, 3]).astype(np.float32)
+        return report.layer_numerics(frozen, "input", ["output"], samples, flavour="int8")
+
+    def test_removed_add_is_named_as_unmatched_and_lost(self):
+        result = self._numerics("add_zero_other")
+        self.assertEqual([r.name for r in result.unmatched], ["add_quant"])
+        self.assertEqual([r.quantizer for r in result.lost_ranges], ["add_quant"])
+        text = result.format()
+        self.assertIn("rows without a TFLite tensor (not compared): add_quant", text)
+        self.assertIn("ranges lost in conversion (no TFLite tensor of their scale and zero "
+                      "point): add_quant", text)
+        data = json.loads(result.to_json())
+        self.assertEqual(data["unmatched"], ["add_quant"])
+        self.assertEqual(data["lost_ranges"][0]["nearest"], "mul")
+
+    def test_requantized_conv_is_named_as_lost(self):
+        result = self._numerics("resize_concat")
+        self.assertEqual([r.quantizer for r in result.lost_ranges], ["pool_conv/act_quant"])
+        self.assertIn("pool_conv/act_quant (pool_conv/Relu:0, range [0, 2]", result.format())
+
+    def test_clean_graph_names_none(self):
+        result = self._numerics("clean")
+        self.assertEqual(result.unmatched, [])
+        self.assertEqual(result.lost_ranges, [])
+        self.assertIn("rows without a TFLite tensor (not compared): none", result.format())
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ checkpoint into a separately built eval graph with a plain strict
 `Saver().restore`, `convert_with_tf` converts with TensorFlow's own converter
 and the flags of docs/int8_export.md, and `layer_agreement` compares a TFLite model with the
 eval graph layer by layer. `make_pattern_inputs` and `recalibrate_batch_norms`
-work on any model. Used by tests/zoo_test.py and tests/slim_nets_test.py.
+work on any model (`calibration_util.calibrate_to_convergence` too). Used by
+tests/zoo_test.py and tests/slim_nets_test.py.
 """
 import dataclasses
 import math
@@ -201,6 +202,13 @@ CASES: Dict[str, Case] = {
     "mobilenet_v3_large_logits": Case(
         _app(_APPS.MobileNetV3Large, classifier_activation=None), (32, 32, 3),
         (0.0, 255.0)),
+    # Logits outputs (classifier_activation=None) of the models above
+    # (issue #25's acceptance).
+    "mobilenet_v2_logits": Case(_app(_APPS.MobileNetV2, classifier_activation=None),
+                                (32, 32, 3)),
+    "efficientnet_b0_logits": Case(_app(_APPS.EfficientNetB0, classifier_activation=None),
+                                   (32, 32, 3), (0.0, 255.0)),
+    "resnet50_logits": Case(_app(_APPS.ResNet50, classifier_activation=None), (32, 32, 3)),
     "resnet50": Case(_app(_APPS.ResNet50), (32, 32, 3)),
     "resnet50_v2": Case(_app(_APPS.ResNet50V2), (32, 32, 3)),
     # Measured with shared concatenation ranges (README "The zoo"): 0.72 /
@@ -304,11 +312,22 @@ def train_two_steps(name: str, checkpoint: str, batch: int = 2):
                 feed = {x: make_inputs(name, batch, seed=step),
                         labels: np.arange(batch) % 10}
                 losses.append(sess.run([train_op, loss], feed)[1])
-            sess.run(recalibrate, {x: make_inputs(name, _CALIBRATION_EXAMPLES,
-                                                  seed=2)})
+            # Not calibration_util's converged one: see "One-shot calibration" below.
+            sess.run(recalibrate, {x: make_inputs(name, _CALIBRATION_EXAMPLES, seed=2)})
             saver.save(sess, checkpoint)
     return losses
 
+
+# One-shot calibration: zoo_test and slim_nets_test recalibrate the batch norms once
+# (`recalibrate_batch_norms`) and keep the ranges of the two training steps:
+# `calibration_util.calibrate_to_convergence` makes their end-to-end
+# differences larger, not smaller. With ranges that fit the eval graph's activations, the
+# quantization error of these two-step random networks (per-tensor folded
+# weights) reaches the output: QAT-vs-float SQNR falls to 0 dB by the last
+# stage, MobileNetV2's output (softmax) then differs by 116 output steps
+# instead of 0.73, ResNet v2 50 (int8, TF-Slim) by 87 instead of 61. The
+# per-layer checks (every layer within one step given TFLite's inputs) stay
+# the precise ones.
 
 # Examples of the batch the moving statistics are recalibrated on.
 _CALIBRATION_EXAMPLES = 8

@@ -47,6 +47,9 @@ flags.DEFINE_list("input_range", None,
 flags.DEFINE_bool("int8_io", False, "int8 instead of float input/output for the int8 model.")
 flags.DEFINE_bool("allow_float", False,
                   "Write models that still hold float ops instead of failing.")
+flags.DEFINE_bool("allow_lost_ranges", False,
+                  "Export even when an activation range of the graph is no tensor of the "
+                  "model with its scale and zero point (warn instead of exiting 1).")
 flags.DEFINE_bool("list_ops", False, "Print every operator with its tensor types.")
 flags.DEFINE_string("parity", "none",
                     "'none', 'random', a .npy file of the first input's examples, or a .npz "
@@ -138,6 +141,7 @@ def main(argv):
             input_ranges=({n: input_range for n in FLAGS.inputs
                            if export.is_float_input(frozen, n)} if input_range else None),
             int8_io=FLAGS.int8_io, require_integer=not FLAGS.allow_float,
+            allow_lost_ranges=FLAGS.allow_lost_ranges,
             parity_inputs=parity_inputs, converter=FLAGS.converter)
     except (export.ExportError, ValueError) as e:
         logging.error("%s", e)

@@ -22,11 +22,14 @@ STANDALONE_BATCH_NORM = "standalone_batch_norm"
 LAYER_NORM = "layer_norm"
 # A resource variable's lookup split into read + gather (`qat.quantize.embeddings`).
 EMBEDDING = "embedding"
+# A layer op a function call computed (tf_keras's grouped Conv2D), now in the graph.
+LAYER_CALL = "layer_call"
 # Training graphs: what a Rsqrt reads where its quantized input is 0.
 ZERO_GUARD = "zero_guard"
 
 # Set on a user op whose consumers a rewrite moved onto qat's replacement
-# (tf_keras's fused layer norm): its value names the replacement's output.
+# (tf_keras's fused layer norm, a grouped conv's function call): its value
+# names the replacement's output.
 REPLACED_BY_ATTR = "_qat_replaced_by"
 STEP_COUNTER = "step_counter"
 

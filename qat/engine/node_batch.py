@@ -19,6 +19,7 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import ops as tf_ops
 
@@ -193,7 +194,8 @@ class NodeBatch(object):
           control: names of nodes of the batch this one has control
             dependencies on.
           **attrs: attributes: a tf.DType, a bool, an int, bytes / str, a
-            tf.TensorShape, a TensorProto (`value`), or a list of ints.
+            tf.TensorShape, a TensorProto (`value`), a list of ints, or an
+            AttrValue (copied as it is).
 
         Returns:
           `name`.
@@ -212,7 +214,9 @@ class NodeBatch(object):
         attr["_class"].list.SetInParent()  # See graph_import.no_colocation.
         for key, value in attrs.items():
             kind = type(value)
-            if kind is tf.DType:
+            if kind is attr_value_pb2.AttrValue:
+                attr[key].CopyFrom(value)
+            elif kind is tf.DType:
                 attr[key].type = value.as_datatype_enum
             elif kind is bool:
                 attr[key].b = value

@@ -1,5 +1,6 @@
 """One call from an eval graph to checked .tflite files: freeze, convert,
-verify integer-only, optionally compare with the graph.
+verify integer-only and that every activation range survived the conversion,
+optionally compare with the graph.
 
 Two converters: TF1's `TFLiteConverter.from_session` on the frozen graph
 (`converter="session"`, uint8 and int8), or TF 2's
@@ -12,7 +13,9 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from qat.export import convert, freeze, inspect, parity
+from absl import logging
+
+from qat.export import convert, freeze, inspect, parity, range_survival
 from qat.export import saved_model as saved_model_lib
 from qat.export.errors import ExportError
 
@@ -27,6 +30,7 @@ class ExportedModel:
     parity: Optional["parity.ParityReport"]
     convert_seconds: float
     saved_model_dir: Optional[str] = None  # The SavedModel it was converted from.
+    survival: Optional["range_survival.SurvivalReport"] = None
 
     @property
     def size_bytes(self) -> int:
@@ -49,7 +53,8 @@ def export_tflite(input_names: Sequence[str],
                   parity_inputs: Optional["parity.Inputs"] = None,
                   min_top1_agreement: Optional[float] = None,
                   max_diff_steps: Optional[float] = None,
-                  converter: str = "session") -> Dict[str, ExportedModel]:
+                  converter: str = "session",
+                  allow_lost_ranges: bool = False) -> Dict[str, ExportedModel]:
     """Exports an eval graph (from create_eval_graph) to integer TFLite models.
 
     Give one of: a live `sess` (its variables hold the trained values), a
@@ -80,12 +85,19 @@ def export_tflite(input_names: Sequence[str],
         "saved_model": writes `<output_dir>/<name>_saved_model`, a TF 2
         SavedModel with a `serving_default` signature, and converts it with
         `tf.lite.TFLiteConverter.from_saved_model` (int8 flavour only).
+      allow_lost_ranges: export even when an activation range of the eval
+        graph is no tensor of the model with its scale and zero point
+        (`range_survival.check_ranges`: the integer model computes on
+        another grid there), with a warning naming them. Ranges of ops the
+        converter removed whose value keeps the same quantization are
+        always only warned about.
 
     Returns:
       {flavour: ExportedModel}.
 
     Raises:
-      ExportError and its subclasses (see qat.export.errors).
+      ExportError and its subclasses (see qat.export.errors); RangeLostError
+      when a range is lost (unless `allow_lost_ranges`).
     """
     if sum(x is not None for x in (sess, graph_path, frozen_graph_def)) != 1:
         raise ExportError("give exactly one of sess= (a live session), graph_path= "
@@ -133,11 +145,16 @@ def export_tflite(input_names: Sequence[str],
         else:
             report = inspect.describe_model(model)
         inspect.check_runnable(model, frozen, label=path)
+        survival = range_survival.check_ranges(frozen, model, flavour=flavour)
+        if survival.differing and not allow_lost_ranges:
+            range_survival.check_range_survival(frozen, model, label=path)  # Raises.
+        for lost in survival.lost:
+            logging.warning("%s: range lost in conversion: %s", path, lost.describe())
         parity_report = None
         if parity_inputs is not None:
             parity_report = parity.check_parity(
                 model, frozen, input_names, output_names[0], parity_inputs,
                 min_top1_agreement=min_top1_agreement, max_diff_steps=max_diff_steps)
         results[flavour] = ExportedModel(flavour, path, model, report, parity_report, seconds,
-                                         saved_model_dir)
+                                         saved_model_dir, survival)
     return results

@@ -27,6 +27,7 @@ import tensorflow as tf
 from qat.export import freeze
 from qat.export import inspect
 from qat.export.errors import ExportError, RangeLostError
+from qat.report import structure
 from qat.report import tflite_names
 
 # Differs: the tensor holding the value has another scale or zero point (the
@@ -36,6 +37,7 @@ from qat.report import tflite_names
 DIFFERS = "differs"
 MERGED = "merged"
 _SCALE_RTOL = 1e-5
+_EMPTY_RANGE_WIDTH = 1e-5
 _FAKE_QUANT_TYPES = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs"])
 _ALIAS_FORWARD = frozenset(["Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims"])
 _ALIAS_BACKWARD = frozenset(["Identity"])
@@ -110,11 +112,17 @@ def expected_quantization(lo: float, hi: float, num_bits: int = 8,
     scale = (float(hi) - float(lo)) / (quant_max - quant_min)
     if scale <= 0:
         return 0.0, 0
-    zero_point = int(min(max(round(quant_min - float(lo) / scale), quant_min), quant_max))
+    # FakeQuant nudges with std::round: halves away from zero.
+    zero_point = int(min(max(math.floor(quant_min - float(lo) / scale + 0.5), quant_min),
+                         quant_max))
     return scale, zero_point - (128 if flavour == "int8" else 0)
 
 
 def _same(scale: float, zero_point: int, other_scale: float, other_zero_point: int) -> bool:
+    if scale == 0.0:
+        # An empty range (min == max: a ReLU that never fired); the converter
+        # widens it to 1e-6 around the value, which it still holds.
+        return other_scale * 255.0 <= _EMPTY_RANGE_WIDTH
     return (zero_point == other_zero_point
             and math.isclose(scale, other_scale, rel_tol=_SCALE_RTOL, abs_tol=0.0))
 
@@ -146,10 +154,8 @@ def _aliases(fake_quant: tf.Operation) -> List[tf.Operation]:
 
 def _activation_fake_quants(graph: tf.Graph) -> List[tf.Operation]:
     """FakeQuants whose data input is computed from a graph input, in graph order."""
-    data = set()
-    for op in graph.get_operations():  # Graph order is topological for imported graphs.
-        if op.type in _INPUT_TYPES or any(t.op in data for t in op.inputs):
-            data.add(op)
+    data = structure.forward_closure(op for op in graph.get_operations()
+                                     if op.type in _INPUT_TYPES)
     return [op for op in graph.get_operations()
             if op.type in _FAKE_QUANT_TYPES and op.inputs[0].op in data]
 
@@ -174,6 +180,12 @@ def _ranges(graph: tf.Graph, fake_quants: Sequence[tf.Operation]) -> List[Tuple[
     return result
 
 
+def _holds_activation(info: "inspect.TensorInfo", op: tf.Operation) -> bool:
+    """A quantized 8-bit tensor (not an int32 bias) of `op`'s output shape."""
+    return (info.scale > 0 and np.dtype(info.dtype) in (np.dtype(np.uint8), np.dtype(np.int8))
+            and bool(op.outputs) and op.outputs[0].shape.is_compatible_with(info.shape))
+
+
 def _holder(fake_quant: tf.Operation, first_part: Dict[str, List[int]],
             report: "inspect.ModelReport") -> Optional[int]:
     """The TFLite tensor holding the value of a FakeQuant whose op was removed.
@@ -189,7 +201,7 @@ def _holder(fake_quant: tf.Operation, first_part: Dict[str, List[int]],
             continue
         seen.add(op)
         for index in first_part.get(op.name, ()):
-            if report.tensors[index].scale > 0:
+            if _holds_activation(report.tensors[index], op):
                 return index
         frontier.extend(t.op for t in op.inputs if t.dtype == tf.float32)
     return None
@@ -243,9 +255,7 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
         named = []
         for alias in _aliases(op):
             for index in by_op.get(alias.name, ()):
-                info = report.tensors[index]
-                if (info.scale > 0 and index not in named
-                        and alias.outputs[0].shape.is_compatible_with(info.shape)):
+                if index not in named and _holds_activation(report.tensors[index], alias):
                     named.append(index)
         if any(_same(scale, zero_point, report.tensors[i].scale, report.tensors[i].zero_point)
                for i in named):

@@ -127,6 +127,7 @@ from qat.engine import preconditions
 from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
 from qat.fold import emit as emit_lib
+from qat.fold import layer_calls
 from qat.fold import plan as fold_plan
 from qat.matching import batch_norm as bn_lib
 from qat.matching import layer_patterns
@@ -336,6 +337,7 @@ def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
     """
     record = fold_record(config, use_cond)
     done = preconditions.check_previous_rewrite(graph, "fold", record)
+    layer_calls.inline_layer_calls(graph)  # tf_keras's grouped convs.
     batch_norms, unreachable = bn_lib.find_batch_norms(graph)
     # Replaced by a rewrite (tf_keras's fused layer norm): nothing reads them.
     batch_norms = [bn for bn in batch_norms if not marks.is_replaced(bn.op)]

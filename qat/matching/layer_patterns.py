@@ -37,6 +37,14 @@ UNSCALED_WEIGHTS, the weights of a layer after a training fold
 FUSED_BATCH_NORM: FusedBatchNorm / V2 / V3 ("batch_norm") reading
   "bn_input", "gamma", "beta", "mean", "variance" (inputs 0..4).
 
+LAYER CALLS: a function call (PartitionedCall / StatefulPartitionedCall)
+whose body is one layer op of `CALLED_LAYER_TYPES` reading the call's two
+arguments (data, weights) and returned, maybe through Identity ops, is that
+layer (`called_layer`). tf_keras computes a grouped `Conv2D(groups > 1)`
+this way (an XLA-compiled `_jit_compiled_convolution_op`, whose Conv2D reads
+[kh, kw, in / groups, out] weights); `qat.fold.layer_calls` puts the layer op
+in the graph before the passes run.
+
 UNFUSED_BATCH_NORM, the arithmetic of `tf.nn.batch_normalization` (also what
 `tf.compat.v1.layers.batch_normalization(fused=False)` and tf_keras
 `BatchNormalization(fused=False)` emit)::
@@ -51,9 +59,11 @@ UNFUSED_BATCH_NORM, the arithmetic of `tf.nn.batch_normalization` (also what
 The quantize pass adds its activation / residual patterns in the section at
 the end of this file.
 """
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
+from tensorflow.core.framework import function_pb2
+from tensorflow.core.framework import node_def_pb2
 
 from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
 
@@ -67,6 +77,9 @@ FOLDABLE_TYPES = LAYER_TYPES + TRANSPOSED_CONV_TYPES
 EINSUM_TYPES = ("Einsum",)
 FUSED_BATCH_NORM_TYPES = ("FusedBatchNorm", "FusedBatchNormV2",
                           "FusedBatchNormV3")
+# Function calls whose body can be one layer op (`called_layer`).
+LAYER_CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")
+CALLED_LAYER_TYPES = ("Conv2D",)
 # Ops that hold or read a variable's value.
 VARIABLE_READ_TYPES = ("ReadVariableOp",)
 REF_VARIABLE_TYPES = ("VariableV2", "Variable")
@@ -192,6 +205,49 @@ def _unfused_batch_norm() -> OpTypePattern:
 
 
 UNFUSED_BATCH_NORM = _unfused_batch_norm()
+
+
+def _body_source(ref: str) -> str:
+    """The node (or argument) name of a FunctionDef tensor reference."""
+    return ref.split(":")[0]
+
+
+def called_layer(call_op: tf.Operation,
+                 library: Dict[str, function_pb2.FunctionDef]
+                 ) -> Optional[node_def_pb2.NodeDef]:
+    """The layer a function call computes, if its body is just that layer.
+
+    Args:
+      call_op: any op; only a `LAYER_CALL_TYPES` op with two inputs and one
+        output can be a layer call.
+      library: the graph's functions by name.
+
+    Returns:
+      The body's layer NodeDef (its inputs name the function's arguments,
+      data first), or None if `call_op` is not such a call.
+    """
+    if (call_op.type not in LAYER_CALL_TYPES or len(call_op.inputs) != 2
+            or len(call_op.outputs) != 1):
+        return None
+    body = library.get(call_op.get_attr("f").name)
+    if (body is None or len(body.signature.input_arg) != 2
+            or len(body.signature.output_arg) != 1 or body.control_ret):
+        return None
+    nodes = {node.name: node for node in body.node_def}
+    layers = [n for n in body.node_def if n.op in CALLED_LAYER_TYPES]
+    if len(layers) != 1 or any(
+            n.op != "Identity" for n in body.node_def if n is not layers[0]):
+        return None
+    layer = layers[0]
+    args = [arg.name for arg in body.signature.input_arg]
+    if [_body_source(i) for i in layer.input] != args:
+        return None  # Not (data, weights) straight from the arguments.
+    source = _body_source(body.ret[body.signature.output_arg[0].name])
+    while source in nodes and nodes[source].op == "Identity":
+        if any(i.startswith("^") for i in nodes[source].input):
+            return None
+        source = _body_source(nodes[source].input[0])
+    return layer if source == layer.name else None
 
 
 def is_weighted_einsum(op: tf.Operation) -> bool:

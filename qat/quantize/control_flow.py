@@ -25,6 +25,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import function_pb2
 
+from qat.engine import marks
 from qat.matching import layer_patterns
 
 # Op types that call functions of the library through function attributes.
@@ -110,6 +111,8 @@ def find_function_layers(graph: tf.Graph,
     wanted = frozenset(layer_types)
     found = []
     for op in graph.get_operations():
+        if marks.is_replaced(op):
+            continue  # A layer call qat put in the graph (qat.fold.layer_calls).
         attrs: Dict[str, attr_value_pb2.AttrValue] = dict(op.node_def.attr)
         pending = _calls(op.type, attrs, library)
         if not pending:

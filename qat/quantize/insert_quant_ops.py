@@ -29,6 +29,7 @@ from qat.engine import placement as placement_lib
 from qat.engine import preconditions
 from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
+from qat.fold import layer_calls
 from qat.quantize import control_flow
 from qat.quantize import quantizer_batch
 from qat.quantize import replica_stats
@@ -199,6 +200,7 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     """
     record = quantize_record(config)
     done = preconditions.check_previous_rewrite(graph, "quantize", record)
+    layer_calls.inline_layer_calls(graph)  # tf_keras's grouped convs.
     planner = Planner(graph, config.is_training, config.scope,
                       config.conv_weights_per_channel(),
                       per_channel_matmul=config.matmul_weights_per_channel())

@@ -12,7 +12,9 @@ it (TFLite names a tensor after the TF ops fused into it, "relu;BiasAdd;
 Conv2D", so a row matches the TFLite tensor naming the FakeQuant or the op it
 reads). Per row: SQNR of QAT vs float and of TFLite vs QAT, and the TFLite vs
 QAT difference in quantization steps (the TFLite tensor's scale). The model
-outputs are rows too.
+outputs are rows too. Nothing is skipped silently: the report names every
+row that has no TFLite tensor, and every activation range the converter did
+not keep with its scale and zero point (`qat.export.range_survival`).
 
 Differences add up along the network: a tensor one step off where a value
 sat on a rounding boundary can be several steps off a layer later, where the
@@ -33,6 +35,7 @@ from qat.export import convert as convert_lib
 from qat.export import freeze
 from qat.export import inspect
 from qat.export import parity
+from qat.export import range_survival
 from qat.report import structure
 from qat.report import tflite_names
 
@@ -64,6 +67,13 @@ class NumericsReport:
     num_examples: int
     rows: List[TensorNumerics]
     drift_steps: float = DRIFT_STEPS
+    # Activation ranges with no TFLite tensor of their scale and zero point.
+    lost_ranges: List["range_survival.LostRange"] = dataclasses.field(default_factory=list)
+
+    @property
+    def unmatched(self) -> List[TensorNumerics]:
+        """The rows that have no TFLite tensor (their columns are nan)."""
+        return [r for r in self.rows if r.tflite_tensor is None]
 
     @property
     def first_drift(self) -> Optional[TensorNumerics]:
@@ -95,7 +105,12 @@ class NumericsReport:
             f"{self.drift_steps:g} step: " + (f"{drift.name} ({drift.max_diff_steps:.2f} steps)"
                                               if drift else "none"),
             "largest difference of a layer given TFLite's own inputs: " + (
-                f"{own.max_own_steps:.2f} steps ({own.name})" if own else "none matched")]
+                f"{own.max_own_steps:.2f} steps ({own.name})" if own else "none matched"),
+            "rows without a TFLite tensor (not compared): " + (
+                ", ".join(r.name for r in self.unmatched) or "none"),
+            "ranges lost in conversion (no TFLite tensor of their scale and zero point): "
+            + (", ".join(r.quantizer for r in self.lost_ranges) or "none"),
+            *(f"  {r.describe()}" for r in self.lost_ranges)]
 
     def format(self) -> str:
         """A readable table."""
@@ -115,6 +130,9 @@ class NumericsReport:
         return {"flavour": self.flavour, "num_examples": self.num_examples,
                 "drift_steps": self.drift_steps, "summary": self.summary_lines(),
                 "first_drift": drift.name if drift else None,
+                "unmatched": [r.name for r in self.unmatched],
+                "lost_ranges": [{k: _json_number(v) for k, v in dataclasses.asdict(r).items()}
+                                for r in self.lost_ranges],
                 "rows": [{k: _json_number(v) for k, v in dataclasses.asdict(r).items()}
                          for r in self.rows]}
 
@@ -342,7 +360,8 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
         rows.append(TensorNumerics(
             label, tensor, match, scale, sqnr_db(flt, qat), sqnr_lite, max_steps, mean_steps,
             float(np.abs(qat - flt).max() / step) if qat.size else math.nan, own_steps))
-    return NumericsReport(flavour, len(next(iter(feeds.values()))), rows, drift_steps)
+    lost = range_survival.check_ranges(frozen_graph_def, model).lost
+    return NumericsReport(flavour, len(next(iter(feeds.values()))), rows, drift_steps, lost)
 
 
 def _run_given_tflite(graph_def, inputs: Dict[str, np.ndarray], names: Sequence[str],

@@ -1,0 +1,90 @@
+"""Layers computed by a function call, put in the graph as the layer op itself.
+
+tf_keras computes a grouped convolution (`Conv2D(groups=g)`, g > 1, also
+`groups == channels` as ConvNeXt writes its depthwise convolutions) as a call
+of an XLA-compiled function whose body is one Conv2D with weights
+[kh, kw, in / g, out] (`qat.matching.layer_patterns.called_layer`). Function
+bodies are out of the passes' reach: the batch norm after the call was not
+folded and the weights stayed float. `inline_layer_calls` adds the body's
+Conv2D to the graph, reading the call's own inputs, and moves the call's
+consumers onto it; the call is left unconnected and marked
+(`qat.engine.marks.is_replaced`). From then on the grouped Conv2D is a layer
+like any other: batch norm folded per output channel, weights quantized
+(per channel where the flavour asks for it), the bias and activation after it
+fused by TFLite into one CONV_2D (TFLite keeps a grouped Conv2D as a grouped
+CONV_2D, integer in both flavours, also when groups == channels).
+
+A call the user asked XLA to compile (`_XlaMustCompile`, as tf_keras does) is
+replaced by a Conv2D XLA still compiles (`_XlaCompile`, `_XlaScope`), whose
+gradient TensorFlow then compiles too: TensorFlow's own CPU kernels compute a
+grouped convolution but refuse its gradient without oneDNN.
+"""
+from typing import Dict
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from qat.engine import marks
+from qat.engine import rewrite as rewrite_lib
+from qat.matching import layer_patterns
+
+
+def _library(graph: tf.Graph) -> Dict:
+    if not graph._functions:  # pylint: disable=protected-access
+        return {}  # No function: skip serializing the graph.
+    return {f.signature.name: f for f in graph.as_graph_def().library.function}
+
+
+def _must_compile(op: tf.Operation) -> bool:
+    try:
+        return bool(op.get_attr("_XlaMustCompile"))
+    except ValueError:
+        return False
+
+
+def inline_layer_calls(graph: tf.Graph) -> int:
+    """Replaces each function call that computes one layer by that layer op.
+
+    Args:
+      graph: the graph to rewrite in place (training or eval). Calls nothing
+        reads and calls replaced before are left alone, so a second call
+        changes nothing.
+
+    Returns:
+      How many calls were replaced.
+
+    Raises:
+      qat.engine.rewrite.RewriteError: if the new ops fail their checks; the
+        graph is then unchanged.
+    """
+    calls = [op for op in graph.get_operations()
+             if op.type in layer_patterns.LAYER_CALL_TYPES and not marks.is_replaced(op)
+             and op.outputs and op.outputs[0].consumers()]
+    if not calls:
+        return 0
+    library = _library(graph)
+    rewrite = rewrite_lib.Rewrite(graph, marks.LAYER_CALL)
+    nodes = rewrite.nodes
+    count = 0
+    for call in calls:
+        layer = layer_patterns.called_layer(call, library)
+        if layer is None:
+            continue
+        scope = call.name.rpartition("/")[0]
+        name = nodes.unique_name(f"{scope}/{layer.op}" if scope else layer.op)
+        attrs = {key: value for key, value in layer.attr.items()
+                 if not key.startswith("_")}
+        if _must_compile(call):
+            attrs["_XlaCompile"] = attr_value_pb2.AttrValue(b=True)
+            attrs["_XlaSeparateCompiledGradients"] = attr_value_pb2.AttrValue(b=False)
+            attrs["_XlaScope"] = attr_value_pb2.AttrValue(s=("qat_" + name).encode())
+        out = nodes.node(name, layer.op,
+                         [nodes.external(call.inputs[0]), nodes.external(call.inputs[1])],
+                         device=call.device, **attrs)
+        rewrite.reroute_consumers(call.outputs[0], out, call.outputs[0].consumers())
+        rewrite.set_attr(call, marks.REPLACED_BY_ATTR,
+                         attr_value_pb2.AttrValue(s=out.encode()))
+        count += 1
+    if count:
+        rewrite_lib.apply(rewrite)
+    return count

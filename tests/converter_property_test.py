@@ -1,0 +1,105 @@
+"""Converter-in-the-loop property test: the eval graph is the integer model (bounded run).
+
+Hypothesis draws small convolutional networks (tools/_converter_networks.py:
+spatial sizes 1 to 8, input pre-processing, convs, depthwise and grouped
+convs, pools, global pools, squeeze-excite blocks, resizes into
+concatenations, logits and softmax heads); each is trained a few steps,
+restored into its eval graph with a strict plain Saver, converted by
+TensorFlow's own converter to uint8 and int8, and must hold every invariant
+of tools/_converter_invariants.py: the pipeline succeeds, the model is fully
+integer, every activation range is a TFLite tensor of its scale and zero
+point, and every layer is within one step of TFLite given TFLite's inputs.
+A failing example is shrunk greedily and both are reported.
+`tools/property_check.py --suite=converter` runs the same checks over any
+number of networks.
+"""
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# oneDNN stays on: only it computes grouped convolutions' gradients on CPUs.
+
+import hypothesis  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from absl.testing import absltest  # pylint: disable=g-import-not-at-top
+
+from tools import _converter_invariants as invariants  # pylint: disable=g-import-not-at-top
+from tools import _converter_networks as networks  # pylint: disable=g-import-not-at-top
+
+tf.compat.v1.disable_eager_execution()
+
+# Bounded so the target takes two to three minutes on a 2-core machine.
+MAX_EXAMPLES = 30
+_FIXED = networks.example_networks()
+
+
+def _assert_invariants(test: absltest.TestCase, net: "networks.ConvNet") -> None:
+    violated = invariants.violations(net)
+    if not violated:
+        return
+    small = networks.shrink(net, lambda n: bool(invariants.violations(n)), budget=10)
+    test.fail(
+        f"invariants violated by\n{net.describe()}\n{net!r}\n"
+        + "".join(f"  {k}: {v}\n" for k, v in violated.items())
+        + f"smallest violating network found:\n{small.describe()}\n{small!r}\n"
+        + "".join(f"  {k}: {v}\n" for k, v in invariants.violations(small).items()))
+
+
+class ConverterPropertyTest(absltest.TestCase):
+
+    @hypothesis.settings(max_examples=MAX_EXAMPLES, derandomize=True, deadline=None,
+                         database=None,
+                         phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.example(net=_FIXED["resize_concat"])
+    @hypothesis.example(net=_FIXED["mean_1x1"])
+    @hypothesis.example(net=_FIXED["rescaling"])
+    @hypothesis.example(net=_FIXED["se"])
+    @hypothesis.given(net=networks.conv_networks(grouped=True))
+    def test_eval_graph_is_the_integer_model(self, net):
+        self.assertTrue(networks.is_valid(net), net.describe())
+        _assert_invariants(self, net)
+
+
+class CheckersTest(absltest.TestCase):
+    """The strategy and the shrinker do what they are meant to."""
+
+    def test_strategy_draws_valid_networks_with_every_block(self):
+        kinds, sizes = set(), set()
+
+        @hypothesis.settings(max_examples=300, derandomize=True, database=None,
+                             deadline=None)
+        @hypothesis.given(net=networks.conv_networks(grouped=True))
+        def draw(net):
+            self.assertTrue(networks.is_valid(net), net.describe())
+            kinds.update(b.kind for b in net.blocks)
+            sizes.add(net.spatial)
+
+        draw()  # pylint: disable=no-value-for-parameter
+        self.assertEqual(kinds, set(networks.KINDS) | {networks.GROUPED})
+        self.assertEqual(sizes, set(networks.SIZES))
+
+    def test_shrink_keeps_failing_and_simplifies(self):
+        net = networks.ConvNet(6, "mean_std", (
+            networks.ConvBlock("conv", 4, stride=2, batch_norm=True),
+            networks.ConvBlock("se", 2, variant="sigmoid"),
+            networks.ConvBlock("resize_concat", 3, variant="nearest")), head="softmax")
+        small = networks.shrink(
+            net, lambda n: any(b.kind == "resize_concat" for b in n.blocks))
+        self.assertEqual(small, networks.ConvNet(1, "none", (
+            networks.ConvBlock("resize_concat", 3, variant="nearest"),)))
+
+    def test_built_graphs_match_the_description(self):
+        net = networks.ConvNet(6, "scale_offset", (
+            networks.ConvBlock("conv", 4, stride=2), networks.ConvBlock("pool", variant="max"),
+            networks.ConvBlock("resize_concat", 2, variant="bilinear")), head="logits")
+        built = networks.build(net, training=False)
+        channels, size = networks.walk(net)[-1]
+        self.assertEqual((channels, size), (6, 2))
+        self.assertEqual(built.output.shape.as_list(), [None, networks.CLASSES])
+        types = {op.type for op in built.graph.get_operations()}
+        self.assertTrue({"ResizeBilinear", "ConcatV2", "MaxPool", "MatMul"} <= types, types)
+        self.assertTrue(invariants.inputs_vary(net))
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,379 @@
+"""Random small convolutional networks for the converter-in-the-loop checks.
+
+A `ConvNet` is a plain description: an input size (spatial sizes 1 to 8,
+3 channels), an input pre-processing, 1 to 4 `ConvBlock`s and a head;
+`conv_networks()` is the hypothesis strategy and `build()` makes a
+`tf.compat.v1` graph of it in training or eval mode. The blocks are the
+building blocks the converter rewrites:
+
+  conv / depthwise / grouped   3x3 or 1x1 layer (stride 1 or 2), batch norm
+                               or bias, ReLU / ReLU6 / none; "grouped" is a
+                               Conv2D whose kernel has in_channels / groups
+                               input channels (groups = channels included)
+  pool                         2x2 average or max pool, stride 2
+  global_pool                  mean or max over the spatial axes (keepdims):
+                               over 1x1 maps too
+  se                           squeeze-excite: mean -> 1x1 conv -> ReLU ->
+                               1x1 conv -> sigmoid or hard sigmoid
+                               (ReLU6(x + 3) / 6) -> multiply
+  resize_concat                image pooling: mean -> 1x1 conv + ReLU ->
+                               bilinear or nearest resize to the map ->
+                               concatenation with the block input
+
+Pre-processing: none (input in [0, 1]), a constant scale and offset
+(x / 127.5 - 1), tf_keras `Rescaling(1 / 255)` (a multiply and an add of 0)
+or a per-channel mean and standard deviation (inputs in [0, 255]). Heads:
+none, logits (spatial mean, then a dense layer with a bias) or softmax of
+those logits. Batch norms use momentum 0, so after a training step their
+moving statistics are the last batch's (what a long training gives).
+"""
+import dataclasses
+import os
+from typing import List, Optional, Tuple
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from hypothesis import strategies as st  # pylint: disable=g-import-not-at-top
+
+SIZES = (1, 2, 3, 4, 6, 8)
+PREPROCESSING = ("none", "scale_offset", "rescaling", "mean_std")
+KINDS = ("conv", "depthwise", "pool", "global_pool", "se", "resize_concat")
+GROUPED = "grouped"
+ACTIVATIONS = ("relu", "relu6", "none")
+VARIANTS = {"pool": ("avg", "max"), "global_pool": ("mean", "max"),
+            "se": ("sigmoid", "hard_sigmoid"), "resize_concat": ("bilinear", "nearest")}
+HEADS = ("none", "logits", "softmax")
+WEIGHTED = ("conv", "depthwise", GROUPED, "se", "resize_concat")
+INPUT_CHANNELS = 3
+CLASSES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvBlock:
+    """One building block (see the module docstring)."""
+    kind: str
+    channels: int = 4
+    stride: int = 1
+    kernel: int = 3
+    batch_norm: bool = False
+    activation: str = "relu"
+    variant: str = ""
+    groups: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvNet:
+    """Input [batch, size, size, 3] pre-processed, then blocks, then a head."""
+    spatial: int
+    preprocessing: str
+    blocks: Tuple[ConvBlock, ...]
+    head: str = "none"
+
+    def size(self) -> int:
+        """A measure to pick the smallest of several failing networks."""
+        return (sum(10 + b.batch_norm + (b.activation != "none") + (b.stride != 1)
+                    + (b.kind != "conv") for b in self.blocks)
+                + (self.preprocessing != "none") * 3 + (self.head != "none") * 3
+                + self.spatial)
+
+    def describe(self) -> str:
+        """One line per block, for reports."""
+        lines = [f"input {self.spatial}x{self.spatial}x{INPUT_CHANNELS}, pre-processing "
+                 f"{self.preprocessing}, head {self.head}"]
+        for i, b in enumerate(self.blocks):
+            extra = {"conv": "", "depthwise": "", "grouped": f" groups={b.groups}"}
+            if b.kind in extra:
+                lines.append(f"  block{i}: {b.kind}({b.channels}, {b.kernel}x{b.kernel}, "
+                             f"stride {b.stride}){extra[b.kind]} "
+                             f"{'bn' if b.batch_norm else 'bias'} act={b.activation}")
+            else:
+                lines.append(f"  block{i}: {b.kind}({b.variant}"
+                             f"{', %d channels' % b.channels if b.kind != 'pool' else ''})")
+        return "\n".join(lines)
+
+
+def walk(net: ConvNet) -> List[Tuple[int, int]]:
+    """(channels, spatial size) entering each block, then after the last.
+
+    Raises:
+      ValueError: the network is not one `conv_networks()` can draw.
+    """
+    if net.spatial < 1 or net.preprocessing not in PREPROCESSING or net.head not in HEADS:
+        raise ValueError("bad input size, pre-processing or head")
+    if not net.blocks:
+        raise ValueError("no blocks")
+    channels, size = INPUT_CHANNELS, net.spatial
+    shapes = [(channels, size)]
+    for b in net.blocks:
+        if b.kind in ("conv", "depthwise", GROUPED):
+            if b.stride not in (1, 2) or b.kernel not in (1, 3) or b.activation not in ACTIVATIONS:
+                raise ValueError("bad layer")
+            if b.kind == "depthwise" and b.channels != channels:
+                raise ValueError("depthwise changes channels")
+            if b.kind == GROUPED and (b.groups < 2 or channels % b.groups
+                                      or b.channels % b.groups):
+                raise ValueError("groups must divide both channel counts")
+            size = -(-size // b.stride)
+            channels = b.channels
+        elif b.kind in VARIANTS:
+            if b.variant not in VARIANTS[b.kind]:
+                raise ValueError("bad variant")
+            if b.kind == "pool":
+                size = -(-size // 2)
+            elif b.kind == "global_pool":
+                size = 1
+            elif b.kind == "resize_concat":
+                channels += b.channels
+        else:
+            raise ValueError(f"bad kind {b.kind}")
+        shapes.append((channels, size))
+    if not any(b.kind in WEIGHTED for b in net.blocks):
+        raise ValueError("no layer: nothing to quantize")
+    return shapes
+
+
+def is_valid(net: ConvNet) -> bool:
+    """True if `net` is one `conv_networks()` can draw."""
+    try:
+        walk(net)
+    except ValueError:
+        return False
+    return True
+
+
+@st.composite
+def conv_networks(draw, max_depth: int = 4, grouped: bool = False) -> ConvNet:
+    """Hypothesis strategy: valid random networks of depth 1..max_depth.
+
+    Args:
+      max_depth: the most blocks.
+      grouped: draw grouped convolutions too.
+    """
+    size = draw(st.sampled_from(SIZES))
+    preprocessing = draw(st.sampled_from(PREPROCESSING))
+    kinds = KINDS + ((GROUPED,) if grouped else ())
+    channels = INPUT_CHANNELS
+    blocks = []
+    for _ in range(draw(st.integers(1, max_depth))):
+        kind = draw(st.sampled_from(kinds))
+        if kind == GROUPED:
+            divisors = [g for g in range(2, channels + 1) if channels % g == 0]
+            if not divisors:
+                kind = "conv"
+        if kind in ("conv", "depthwise", GROUPED):
+            groups = draw(st.sampled_from(divisors)) if kind == GROUPED else 1
+            out = channels if kind == "depthwise" else groups * draw(
+                st.integers(1, max(1, 6 // groups)))
+            if kind != "depthwise" and out < 2:
+                out = 2 * groups
+            block = ConvBlock(kind, out, draw(st.sampled_from((1, 2))),
+                              draw(st.sampled_from((1, 3))), draw(st.booleans()),
+                              draw(st.sampled_from(ACTIVATIONS)), groups=groups)
+            channels = out
+        else:
+            block = ConvBlock(kind, draw(st.integers(2, 4)),
+                              variant=draw(st.sampled_from(VARIANTS[kind])))
+            if kind == "resize_concat":
+                channels += block.channels
+        blocks.append(block)
+    if not any(b.kind in WEIGHTED for b in blocks):
+        blocks.append(ConvBlock("conv", draw(st.integers(2, 4))))
+    return ConvNet(size, preprocessing, tuple(blocks), draw(st.sampled_from(HEADS)))
+
+
+def simpler(net: ConvNet):
+    """Yields networks one step simpler than `net` (for shrinking; maybe invalid)."""
+    blocks = list(net.blocks)
+    for i in range(len(blocks)):
+        if len(blocks) > 1:
+            yield dataclasses.replace(net, blocks=tuple(blocks[:i] + blocks[i + 1:]))
+    if net.head != "none":
+        yield dataclasses.replace(net, head="none")
+    if net.preprocessing != "none":
+        yield dataclasses.replace(net, preprocessing="none")
+    for size in SIZES:
+        if size < net.spatial:
+            yield dataclasses.replace(net, spatial=size)
+    for i, b in enumerate(blocks):
+        if b.kind not in ("conv", "depthwise", GROUPED):
+            continue
+        changes = [{"batch_norm": False}, {"activation": "none"}, {"stride": 1},
+                   {"kernel": 1}, {"kind": "conv", "groups": 1}]
+        for change in changes:
+            new = dataclasses.replace(b, **change)
+            if new != b:
+                yield dataclasses.replace(
+                    net, blocks=tuple(blocks[:i] + [new] + blocks[i + 1:]))
+
+
+def shrink(net: ConvNet, still_fails, budget: int = 40) -> ConvNet:
+    """Greedily simplifies `net` while `still_fails(candidate)` holds."""
+    improved = True
+    while improved and budget > 0:
+        improved = False
+        for candidate in simpler(net):
+            if not is_valid(candidate):
+                continue
+            budget -= 1
+            if still_fails(candidate):
+                net, improved = candidate, True
+                break
+            if budget <= 0:
+                break
+    return net
+
+
+@dataclasses.dataclass
+class BuiltNet:
+    """A built network: its graph, input, output and (training) loss."""
+    graph: tf.Graph
+    input: tf.Tensor
+    output: tf.Tensor
+    loss: Optional[tf.Tensor] = None
+
+
+def input_range(net: ConvNet) -> Tuple[float, float]:
+    """The range of the raw network input."""
+    return (0.0, 1.0) if net.preprocessing == "none" else (0.0, 255.0)
+
+
+def inputs(net: ConvNet, n: int, seed: int = 0) -> np.ndarray:
+    """n deterministic examples: half noise, half a coarse pattern, each its own contrast."""
+    rng = np.random.RandomState(seed)
+    shape = (n, net.spatial, net.spatial, INPUT_CHANNELS)
+    coarse_size = min(net.spatial, 2)
+    coarse = rng.uniform(0.0, 1.0, (n, coarse_size, coarse_size, INPUT_CHANNELS))
+    repeat = -(-net.spatial // coarse_size)
+    coarse = np.repeat(np.repeat(coarse, repeat, 1), repeat, 2)[:, :net.spatial, :net.spatial]
+    contrast = np.linspace(0.3, 1.0, n).reshape((n, 1, 1, 1))
+    lo, hi = input_range(net)
+    return (lo + (hi - lo) * contrast * (0.5 * coarse + 0.5 * rng.uniform(0, 1, shape))
+            ).astype(np.float32)
+
+
+def _preprocess(x: tf.Tensor, kind: str) -> tf.Tensor:
+    if kind == "scale_offset":
+        return x * (1.0 / 127.5) - 1.0
+    if kind == "rescaling":
+        import tf_keras  # pylint: disable=g-import-not-at-top
+        return tf_keras.layers.Rescaling(1.0 / 255.0)(x)
+    if kind == "mean_std":
+        mean = tf.constant([123.7, 116.3, 103.5])
+        std = tf.constant([58.4, 57.1, 57.4])
+        return (x - mean) / std
+    return x
+
+
+def _activation(x: tf.Tensor, kind: str) -> tf.Tensor:
+    if kind == "relu":
+        return tf.nn.relu(x)
+    if kind == "relu6":
+        return tf.nn.relu6(x)
+    return x
+
+
+def _conv(x: tf.Tensor, out: int, kernel: int = 1, stride: int = 1, groups: int = 1,
+          depthwise: bool = False, bias: bool = True, name: str = "conv") -> tf.Tensor:
+    init = tf.compat.v1.glorot_uniform_initializer()
+    channels = int(x.shape[-1])
+    with tf.compat.v1.variable_scope(name):
+        if depthwise:
+            w = tf.compat.v1.get_variable("depthwise_kernel", [kernel, kernel, channels, 1],
+                                          initializer=init)
+            y = tf.nn.depthwise_conv2d(x, w, [1, stride, stride, 1], "SAME")
+        else:
+            w = tf.compat.v1.get_variable("kernel", [kernel, kernel, channels // groups, out],
+                                          initializer=init)
+            y = tf.nn.conv2d(x, w, stride, "SAME")
+        if bias:
+            b = tf.compat.v1.get_variable(
+                "bias", [int(y.shape[-1])],
+                initializer=tf.compat.v1.random_normal_initializer(stddev=0.3))
+            y = tf.nn.bias_add(y, b)
+    return y
+
+
+def _block(x: tf.Tensor, b: ConvBlock, training: bool) -> tf.Tensor:
+    if b.kind in ("conv", "depthwise", GROUPED):
+        y = _conv(x, b.channels, b.kernel, b.stride, b.groups, b.kind == "depthwise",
+                  bias=not b.batch_norm)
+        if b.batch_norm:
+            y = tf.compat.v1.layers.batch_normalization(
+                y, training=training, momentum=0.0, name="bn",
+                beta_initializer=tf.compat.v1.random_normal_initializer(stddev=0.3),
+                gamma_initializer=tf.compat.v1.random_uniform_initializer(0.5, 1.5))
+        return _activation(y, b.activation)
+    if b.kind == "pool":
+        pool = tf.nn.avg_pool2d if b.variant == "avg" else tf.nn.max_pool2d
+        return pool(x, 2, 2, "SAME")
+    if b.kind == "global_pool":
+        reduce = tf.reduce_mean if b.variant == "mean" else tf.reduce_max
+        return reduce(x, [1, 2], keepdims=True)
+    if b.kind == "se":
+        s = tf.reduce_mean(x, [1, 2], keepdims=True)
+        s = tf.nn.relu(_conv(s, b.channels, name="squeeze"))
+        s = _conv(s, int(x.shape[-1]), name="excite")
+        gate = (tf.sigmoid(s) if b.variant == "sigmoid"
+                else tf.nn.relu6(s + 3.0) * (1.0 / 6.0))
+        return x * gate
+    # resize_concat: image pooling as in DeepLab v3.
+    p = tf.reduce_mean(x, [1, 2], keepdims=True)
+    p = tf.nn.relu(_conv(p, b.channels, name="pooling"))
+    size = [int(x.shape[1]), int(x.shape[2])]
+    if b.variant == "bilinear":
+        p = tf.compat.v1.image.resize_bilinear(p, size)
+    else:
+        p = tf.compat.v1.image.resize_nearest_neighbor(p, size)
+    return tf.concat([x, p], axis=-1)
+
+
+def build(net: ConvNet, training: bool, seed: int = 0) -> BuiltNet:
+    """Builds `net` in a new graph (resource variables, batch size free).
+
+    The output is `tf.identity(..., name="output")`; in training mode the loss
+    is the mean squared output.
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(seed)
+        x = tf.compat.v1.placeholder(tf.float32, [None, net.spatial, net.spatial, INPUT_CHANNELS],
+                                     name="input")
+        with tf.compat.v1.variable_scope("net", use_resource=True):
+            y = _preprocess(x, net.preprocessing)
+            for i, block in enumerate(net.blocks):
+                with tf.compat.v1.variable_scope(f"block{i}"):
+                    y = _block(y, block, training)
+            if net.head != "none":
+                with tf.compat.v1.variable_scope("head"):
+                    y = tf.reduce_mean(y, [1, 2])
+                    w = tf.compat.v1.get_variable(
+                        "kernel", [int(y.shape[-1]), CLASSES],
+                        initializer=tf.compat.v1.glorot_uniform_initializer())
+                    b = tf.compat.v1.get_variable(
+                        "bias", [CLASSES],
+                        initializer=tf.compat.v1.random_normal_initializer(stddev=0.3))
+                    y = tf.matmul(y, w) + b
+                    if net.head == "softmax":
+                        y = tf.nn.softmax(y)
+        out = tf.identity(y, name="output")
+        loss = tf.reduce_mean(tf.square(out), name="loss") if training else None
+    return BuiltNet(graph, x, out, loss)
+
+
+def example_networks() -> dict:
+    """Fixed networks with the patterns issue 25 measured (regression seeds)."""
+    return {
+        # DeepLab's image pooling: the 1x1 conv before the resize gets the
+        # concatenation's scale in TFLite.
+        "resize_concat": ConvNet(4, "none", (
+            ConvBlock("conv", 4), ConvBlock("resize_concat", 3, variant="bilinear"))),
+        # A mean over a 1x1 map (a global pool or SE after the map shrank).
+        "mean_1x1": ConvNet(1, "none", (
+            ConvBlock("conv", 4), ConvBlock("global_pool", variant="mean")), head="logits"),
+        # tf_keras Rescaling: a multiply and an add of 0 at the input.
+        "rescaling": ConvNet(4, "rescaling", (ConvBlock("conv", 4),), head="softmax"),
+        "se": ConvNet(3, "scale_offset", (
+            ConvBlock("conv", 4, batch_norm=True), ConvBlock("se", 2, variant="hard_sigmoid"))),
+    }
