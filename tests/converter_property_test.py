@@ -29,8 +29,8 @@ from tools import _converter_networks as networks  # pylint: disable=g-import-no
 
 tf.compat.v1.disable_eager_execution()
 
-# Bounded so the target takes two to three minutes on a 2-core machine.
-MAX_EXAMPLES = 30
+# Bounded so the target takes two to four minutes on a busy 2-core machine.
+MAX_EXAMPLES = 25
 _FIXED = networks.example_networks()
 
 
