@@ -25,7 +25,9 @@ import tf_keras as keras  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
+from ai_edge_litert.interpreter import Interpreter  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
+from qat import export  # pylint: disable=g-import-not-at-top
 from qat.engine import marks  # pylint: disable=g-import-not-at-top
 from qat.matching import layer_patterns  # pylint: disable=g-import-not-at-top
 import zoo_test  # pylint: disable=g-import-not-at-top
@@ -125,6 +127,25 @@ class GroupedConvTest(zoo_test.ZooChecks, parameterized.TestCase):
             folded = sess.run(y, {x: inputs})
         np.testing.assert_allclose(folded, unfolded, rtol=1e-4, atol=1e-4)
 
+    def test_per_channel_int8(self):
+        """Per-channel weights (TFLite int8's scheme): one integer grouped CONV_2D each."""
+        g, x, y = _build(False)
+        inputs = zoo_util.make_inputs("grouped_block", 4)
+        with g.as_default():
+            qat.experimental_create_eval_graph(g, per_channel_weights=True)
+            for name in _GROUPED_LAYERS:
+                weights = layer_patterns.weight_input(g.get_operation_by_name(f"{name}/Conv2D"))
+                self.assertEqual(weights.op.type, "FakeQuantWithMinMaxVarsPerChannel", name)
+            with tf1.Session() as sess:
+                sess.run(tf1.global_variables_initializer())
+                model = zoo_util.convert_with_tf(sess, x, y, "int8", (0.0, 1.0))
+                frozen = export.freeze_session(sess, [y.op.name])
+        export.check_fully_integer(model, frozen, label="grouped_block int8 per channel")
+        self.assert_each_layer_agrees(frozen, x, y, inputs, "int8", model)
+        ops = [op["op_name"] for op in Interpreter(model_content=model)._get_ops_details()]  # pylint: disable=protected-access
+        self.assertEqual(ops.count("CONV_2D"), 4, ops)  # stem + the three grouped convs
+        self.assertNotIn("DEPTHWISE_CONV_2D", ops)
+
     def test_only_a_body_of_one_layer_is_replaced(self):
         """A call whose body is one Conv2D of its two inputs is that layer; more is not."""
         g = tf.Graph()
@@ -140,12 +161,15 @@ class GroupedConvTest(zoo_test.ZooChecks, parameterized.TestCase):
             def conv_relu(t, kernel):
                 return tf.nn.relu(tf.nn.conv2d(t, kernel, 1, "SAME", name="inner_conv_relu"))
 
-            tf.identity(conv(x, w), name="a")
-            tf.identity(conv_relu(x, w), name="b")
+            kernel = w.read_value()  # A tensor: the call then reads no resource.
+            tf.identity(conv(x, kernel), name="a")
+            tf.identity(conv_relu(x, kernel), name="b")
             result = qat.insert_quant_ops(g, is_training=False)
-        a = g.get_operation_by_name("a").inputs[0].op
-        self.assertEqual(a.type, "Conv2D")
-        self.assertTrue(marks.made_by_qat(a, marks.LAYER_CALL))
+        inlined = [op for op in g.get_operations() if marks.made_by_qat(op, marks.LAYER_CALL)]
+        self.assertEqual([op.type for op in inlined], ["Conv2D"])
+        quantized = g.get_operation_by_name("a").inputs[0].op  # Its activation range.
+        self.assertTrue(quantized.type.startswith("FakeQuant"), quantized.type)
+        self.assertIs(quantized.inputs[0].op, inlined[0])
         self.assertIn(g.get_operation_by_name("b").inputs[0].op.type,
                       layer_patterns.LAYER_CALL_TYPES)
         self.assertEqual([item.name.rpartition("/")[2] for item in result.left_float],

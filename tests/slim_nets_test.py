@@ -33,6 +33,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 import qat.compat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
+from qat.export import range_survival  # pylint: disable=g-import-not-at-top
 from qat.export.parity import run_tflite  # pylint: disable=g-import-not-at-top
 import zoo_util  # pylint: disable=g-import-not-at-top
 
@@ -282,6 +283,8 @@ class SlimNetsTest(zoo_util.ZooAssertions, parameterized.TestCase):
                 self.assert_each_layer_agrees(frozen, x, y, inputs, export_flavour, exported)
                 model = zoo_util.convert_with_tf(sess, x, y, export_flavour, _INPUT_RANGE)
                 export.check_fully_integer(model, frozen, label=f"{name} {export_flavour} (TF)")
+                range_survival.check_range_survival(
+                    frozen, model, label=f"{name} {export_flavour} (TF)", allow_merged=False)
                 parity = export.check_parity(
                     model, frozen, x.name, y.name, inputs,
                     max_diff_steps=net.max_diff_steps)

@@ -4,7 +4,8 @@ For each model: two training steps with a finite loss; the training
 checkpoint restores into a separately built eval graph with a plain, strict
 `Saver().restore`; uint8 and int8 TFLite models convert with zero float
 compute ops, through `qat.export` and through TensorFlow's converter with the
-flags of docs/int8_export.md; and the TFLite models agree with the eval graph: every layer,
+flags of docs/int8_export.md, every activation range a TFLite tensor with
+its scale and zero point (qat.export.range_survival); and the TFLite models agree with the eval graph: every layer,
 computed by the eval graph from TFLite's own values of the layers before it,
 is within one quantization step of TFLite's (so no kernel disagrees;
 concatenations' inputs included, qat.quantize.shared_ranges), and the outputs,
@@ -27,6 +28,7 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 from qat import export  # pylint: disable=g-import-not-at-top
+from qat.export import range_survival  # pylint: disable=g-import-not-at-top
 from qat.export.parity import run_tflite  # pylint: disable=g-import-not-at-top
 import zoo_util  # pylint: disable=g-import-not-at-top
 
@@ -87,6 +89,9 @@ class ZooChecks(zoo_util.ZooAssertions):
                                                  input_range)
                 export.check_fully_integer(model, frozen,
                                            label=f"{name} {flavour} (TF)")
+                # Every activation range is a TFLite tensor with its scale.
+                range_survival.check_range_survival(frozen, model, label=f"{name} {flavour} (TF)",
+                                                    allow_merged=False)
                 parity = export.check_parity(model, frozen, x.name, y.name,
                                              inputs,
                                              max_diff_steps=max_diff_steps)

@@ -165,8 +165,8 @@ def _merged_resize_input(planner, member: tf.Tensor):
     source = planner._source(op.inputs[0])  # pylint: disable=protected-access
     plan = planner.plans.get(source)
     if (plan is None or plan.is_weight or plan.per_channel
-            or source.op.type in qp.INPUT_TYPES):
-        return None
+            or source.op.type in qp.INPUT_TYPES or source.op.type in CONCAT_TYPES):
+        return None  # Not measured: a graph input's or a concatenation's scale.
     # Only the resize reads it (through the same-scale ops between them).
     t = op.inputs[0]
     for _ in range(10000):
