@@ -33,7 +33,8 @@ single layers next to a concatenation). Two places where TFLite decides the scal
   the group too; with other readers it keeps its own range and TFLite adds
   a QUANTIZE before the resize.
   A pool that is the identity (`converter_rewrites.is_identity_pool`) is
-  not rounded.
+  not rounded. A reduction over axes of size 1 gets a FakeQuant reading
+  its input's range (`plan_identity_rounding`).
   An average pool that reads its range through a max pool (InceptionV3's
   first mixed block) is not rounded: there the converter left the max
   pool's other readers in float. A Mean has a range of its own (MEAN is an
@@ -88,6 +89,8 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
     for op in ordered:
         if op.type in ROUNDING_TYPES and planner._in_scope(op):  # pylint: disable=protected-access
             plan_rounding(planner, op)
+        elif converter_rewrites.is_size_one_reduction(op) and planner._in_scope(op):  # pylint: disable=protected-access
+            plan_identity_rounding(planner, op)
     share_concat_ranges(planner, ordered)
 
 
@@ -105,6 +108,24 @@ def plan_rounding(planner, op: tf.Operation) -> None:
         return
     out = op.outputs[0]
     if planner._plan(out, plan_graph.own_context(op), _ROUNDING_NAMES[op.type],  # pylint: disable=protected-access
+                     source.init_min, planner.consumers(out), allow_unused=True):
+        planner.plans[out].shared = source
+
+
+def plan_identity_rounding(planner, op: tf.Operation) -> None:
+    """A reduction over size-1 axes: a FakeQuant with its input's range.
+
+    The converter removes it or keeps it (a MEAN after a REDUCE_MAX over
+    the same 1x1 map stays): either way its output has its input's scale,
+    which this FakeQuant states, so TFLite's op is integer when kept.
+    """
+    if not planner.is_data(op.inputs[0]) or not plan_graph.is_float(op.outputs[0]):
+        return
+    source = planner.plans.get(planner._source(op.inputs[0]))  # pylint: disable=protected-access
+    if source is None or source.is_weight or source.per_channel:
+        return
+    out = op.outputs[0]
+    if planner._plan(out, plan_graph.own_context(op), "identity_quant",  # pylint: disable=protected-access
                      source.init_min, planner.consumers(out), allow_unused=True):
         planner.plans[out].shared = source
 
