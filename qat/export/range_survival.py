@@ -215,14 +215,11 @@ def _downstream(fake_quant: tf.Operation, by_op: Dict[str, List[int]],
 
 
 def _holder(fake_quant: tf.Operation, first_part: Dict[str, List[int]],
-            report: "inspect.ModelReport") -> Tuple[Optional[int], Set[tf.Operation]]:
+            report: "inspect.ModelReport") -> Optional[int]:
     """The TFLite tensor holding the value of a FakeQuant whose op was removed.
 
     Walks up from the quantized op through ops with no TFLite tensor of their
     own (removed or folded by the converter) to the nearest one that has one.
-
-    Returns:
-      (its index or None, the ops walked through).
     """
     frontier = [fake_quant.inputs[0].op]
     seen = set()
@@ -233,9 +230,24 @@ def _holder(fake_quant: tf.Operation, first_part: Dict[str, List[int]],
         seen.add(op)
         for index in first_part.get(op.name, ()):
             if _holds_activation(report.tensors[index], op):
-                return index, seen
+                return index
         frontier.extend(t.op for t in op.inputs if t.dtype == tf.float32)
-    return None, seen
+    return None
+
+
+def _fake_quants_before(fake_quant: tf.Operation) -> List[tf.Operation]:
+    """The nearest FakeQuants up the data path from a FakeQuant's input."""
+    frontier, seen, found = [fake_quant.inputs[0].op], set(), []
+    while frontier:
+        op = frontier.pop(0)
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type in _FAKE_QUANT_TYPES:
+            found.append(op)
+        else:
+            frontier.extend(t.op for t in op.inputs if t.dtype == tf.float32)
+    return found
 
 
 def _range_source(fake_quant: tf.Operation) -> Optional[Tuple[str, str]]:
@@ -309,15 +321,16 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
             nearest = min(named, key=lambda i: abs(math.log(report.tensors[i].scale / scale))
                           if scale > 0 else 0.0)
         else:
-            nearest, path = _holder(op, first_part, report)
+            nearest = _holder(op, first_part, report)
             kind = DIFFERS
             if nearest is not None and _same(scale, zero_point, report.tensors[nearest].scale,
                                              report.tensors[nearest].zero_point):
-                # The same range as a quantizer before the removed ops (qat
-                # shares it by construction) survives in that one's tensor.
+                # The very range of the quantizer before the removed op and
+                # the same-scale ops between (qat shares it by construction)
+                # survives in the tensor holding the value.
                 source = _range_source(op)
-                if source and any(other.type in _FAKE_QUANT_TYPES
-                                  and _range_source(other) == source for other in path):
+                if source and any(_range_source(other) == source
+                                  for other in _fake_quants_before(op)):
                     continue
                 kind = MERGED
         info = report.tensors.get(nearest) if nearest is not None else None
