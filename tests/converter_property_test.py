@@ -9,7 +9,9 @@ TensorFlow's own converter to uint8 and int8, and must hold every invariant
 of tools/_converter_invariants.py: the pipeline succeeds, the model is fully
 integer, every activation range is a TFLite tensor of its scale and zero
 point, and every layer is within one step of TFLite given TFLite's inputs.
-A failing example is shrunk greedily and both are reported.
+A failing example is shrunk greedily and both are reported. Networks that run
+into a documented limit (`networks.known_limit`, docs/known_limits.md) are
+left out of the bounded run; KnownLimitTest checks that the suite finds them.
 `tools/property_check.py --suite=converter` runs the same checks over any
 number of networks.
 """
@@ -27,8 +29,8 @@ from tools import _converter_networks as networks  # pylint: disable=g-import-no
 
 tf.compat.v1.disable_eager_execution()
 
-# Bounded so the target takes two to three minutes on a 2-core machine.
-MAX_EXAMPLES = 30
+# Bounded so the target takes two to four minutes on a busy 2-core machine.
+MAX_EXAMPLES = 25
 _FIXED = networks.example_networks()
 
 
@@ -57,7 +59,24 @@ class ConverterPropertyTest(absltest.TestCase):
     @hypothesis.given(net=networks.conv_networks(grouped=True))
     def test_eval_graph_is_the_integer_model(self, net):
         self.assertTrue(networks.is_valid(net), net.describe())
+        hypothesis.assume(networks.known_limit(net) is None)  # KnownLimitTest checks those.
         _assert_invariants(self, net)
+
+
+class KnownLimitTest(absltest.TestCase):
+    """The suite finds the documented limits the bounded run leaves out."""
+
+    def test_sigmoid_read_by_a_multiply_is_found(self):
+        # docs/known_limits.md: TFLite rounds the sigmoid's output to 1/256,
+        # the eval graph leaves it unquantized; the SE multiply differs.
+        net = networks.ConvNet(8, "rescaling", (
+            networks.ConvBlock("se", 4, variant="sigmoid"),
+            networks.ConvBlock("se", 4, variant="sigmoid")), head="softmax")
+        self.assertEqual(networks.known_limit(net),
+                         "sigmoid-softmax-and-tanh-outputs-read-by-another-op")
+        violated = invariants.violations(net)
+        self.assertEqual(list(violated), ["layers_within_one_step"], violated)
+        self.assertIn("mul_quant", violated["layers_within_one_step"])
 
 
 class CheckersTest(absltest.TestCase):

@@ -215,6 +215,11 @@ class RangeSurvivalTest(absltest.TestCase):
             self.assertEqual(result.survival.lost, [], flavour)
             self.assertEqual(result.survival.checked, 3, flavour)  # input, conv, conv2.
 
+    def test_removed_op_sharing_the_range_before_it_survives(self):
+        for flavour, result in self._export("size_one_mean").items():
+            self.assertEqual(result.survival.lost, [], flavour)
+            self.assertEqual(result.survival.checked, 5, flavour)
+
     def test_empty_range_survives_as_the_converters_widened_one(self):
         for flavour, result in self._export("empty").items():
             self.assertEqual(result.survival.lost, [], flavour)

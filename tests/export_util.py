@@ -115,6 +115,8 @@ def lost_range_graph(kind: str) -> tf.compat.v1.GraphDef:
     concatenation's scale. "add_zero_same" / "add_zero_other": a constant
     multiply and an add of 0 (tf_keras Rescaling) whose range ("add_quant")
     equals / differs from the multiply's: TFLite removes the add.
+    "size_one_mean": a mean over a 1x1 map after a conv, quantized with the
+    conv's own range tensors: the converter removes it, every range kept.
     "clean": conv -> ReLU -> conv, every range kept; "empty": the same, the last
     range [0, 0] (the converter widens it to 1e-6, still a tensor of it).
     """
@@ -128,7 +130,16 @@ def lost_range_graph(kind: str) -> tf.compat.v1.GraphDef:
             y = _relu_conv(a, 4, 0, (0.0, 4.0), "conv")
         else:
             a = _relu_conv(xq, 4, 0, (0.0, 6.0), "conv")
-            if kind == "resize_concat":
+            if kind == "size_one_mean":
+                # A mean over a 1x1 map, which the converter removes, quantized
+                # with the very range of the conv before it (as qat does).
+                p = _fq(tf.reduce_mean(a, [1, 2], keepdims=True), 0.0, 6.0, "mean_quant")
+                q = _relu_conv(p, 4, 1, (0.0, 2.0), "pool_conv")
+                shared = q.op.inputs[1:3]
+                y = tf.quantization.fake_quant_with_min_max_vars(
+                    tf.reduce_mean(q, [1, 2], keepdims=True), shared[0], shared[1],
+                    name="identity_quant")
+            elif kind == "resize_concat":
                 p = _fq(tf.reduce_mean(a, [1, 2], keepdims=True), 0.0, 6.0, "mean_quant")
                 p = _relu_conv(p, 4, 1, (0.0, 2.0), "pool_conv")
                 p = _fq(tf.compat.v1.image.resize_bilinear(p, [4, 4]), 0.0, 6.0,

@@ -12,10 +12,14 @@ on another grid than the eval graph's.
 A range's tensors are found by TFLite's names (`qat.report.tflite_names`):
 a tensor named after the FakeQuant, the op it quantizes (back through
 Identity) or a pass-through op reading it (Identity, Reshape, Squeeze,
-ExpandDims), with a compatible shape. The range survives when one of them
+ExpandDims), with a compatible shape; where there is none because the
+converter removed the ops after it (a reduction over size-1 axes), the
+tensor of the first op after them. The range survives when one of them
 has its scale and zero point (FakeQuant's nudged zero point; int8 models
-store it minus 128). Weight ranges (FakeQuants of constants) are not
-checked here: `qat.export.inspect` checks the weights.
+store it minus 128), or when the converter removed its op and it reads the
+very range (the same min and max tensors) of a quantizer before that op,
+whose tensor then holds its value with its scale. Weight ranges (FakeQuants
+of constants) are not checked here: `qat.export.inspect` checks the weights.
 """
 import dataclasses
 import math
@@ -186,6 +190,30 @@ def _holds_activation(info: "inspect.TensorInfo", op: tf.Operation) -> bool:
             and bool(op.outputs) and op.outputs[0].shape.is_compatible_with(info.shape))
 
 
+def _downstream(fake_quant: tf.Operation, by_op: Dict[str, List[int]],
+                report: "inspect.ModelReport") -> List[int]:
+    """TFLite tensors holding a FakeQuant's value where the ops after it were removed.
+
+    Walks down from the FakeQuant through ops of its shape that have no
+    TFLite tensor (removed by the converter: a reduction over size-1 axes,
+    their own FakeQuants) to the first ones that have one.
+    """
+    shape = fake_quant.outputs[0].shape
+    frontier = list(fake_quant.outputs[0].consumers())
+    seen, found = set(), []
+    while frontier:
+        op = frontier.pop(0)
+        if op in seen or not op.outputs or not op.outputs[0].shape.is_compatible_with(shape):
+            continue
+        seen.add(op)
+        mine = [i for i in by_op.get(op.name, ()) if _holds_activation(report.tensors[i], op)]
+        if mine:
+            found.extend(mine)
+        else:
+            frontier.extend(op.outputs[0].consumers())
+    return found
+
+
 def _holder(fake_quant: tf.Operation, first_part: Dict[str, List[int]],
             report: "inspect.ModelReport") -> Optional[int]:
     """The TFLite tensor holding the value of a FakeQuant whose op was removed.
@@ -205,6 +233,33 @@ def _holder(fake_quant: tf.Operation, first_part: Dict[str, List[int]],
                 return index
         frontier.extend(t.op for t in op.inputs if t.dtype == tf.float32)
     return None
+
+
+def _fake_quants_before(fake_quant: tf.Operation) -> List[tf.Operation]:
+    """The nearest FakeQuants up the data path from a FakeQuant's input."""
+    frontier, seen, found = [fake_quant.inputs[0].op], set(), []
+    while frontier:
+        op = frontier.pop(0)
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type in _FAKE_QUANT_TYPES:
+            found.append(op)
+        else:
+            frontier.extend(t.op for t in op.inputs if t.dtype == tf.float32)
+    return found
+
+
+def _range_source(fake_quant: tf.Operation) -> Optional[Tuple[str, str]]:
+    """The ops a FakeQuant's min and max come from (back through Identity)."""
+    if fake_quant.type != "FakeQuantWithMinMaxVars":
+        return None
+    names = []
+    for t in fake_quant.inputs[1:3]:
+        while t.op.type in ("Identity", "ReadVariableOp") and t.op.inputs:
+            t = t.op.inputs[0]
+        names.append(t.op.name)
+    return tuple(names)
 
 
 def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
@@ -257,8 +312,9 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
             for index in by_op.get(alias.name, ()):
                 if index not in named and _holds_activation(report.tensors[index], alias):
                     named.append(index)
+        held = named or _downstream(op, by_op, report)
         if any(_same(scale, zero_point, report.tensors[i].scale, report.tensors[i].zero_point)
-               for i in named):
+               for i in held):
             continue
         if named:
             kind = DIFFERS
@@ -269,6 +325,13 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
             kind = DIFFERS
             if nearest is not None and _same(scale, zero_point, report.tensors[nearest].scale,
                                              report.tensors[nearest].zero_point):
+                # The very range of the quantizer before the removed op and
+                # the same-scale ops between (qat shares it by construction)
+                # survives in the tensor holding the value.
+                source = _range_source(op)
+                if source and any(_range_source(other) == source
+                                  for other in _fake_quants_before(op)):
+                    continue
                 kind = MERGED
         info = report.tensors.get(nearest) if nearest is not None else None
         lost.append(LostRange(
