@@ -20,8 +20,10 @@ beside a quantized one.
 * Activations written as several ops (hard-swish, GELU;
   `qat.quantize.activation_patterns`): their output only (`act_quant`), so
   the converter makes each one integer HARD_SWISH / GELU op.
-* Same-scale ops (pools, reshapes, pads, ...), fixed-range ops (LOGISTIC,
-  TANH, SOFTMAX) and training-only dropout get no range of their own.
+* Same-scale ops (pools, reshapes, pads, ...) and training-only dropout get
+  no range of their own; fixed-range ops (LOGISTIC, TANH, SOFTMAX) a constant
+  one, their kernel's grid, where the model reads them
+  (`qat.quantize.fixed_ranges`).
 * A tensor an integer op reads that has no range yet (a graph input, a
   tensor from outside `scope`): `<scope of its first model reader>/input_quant`
   (what feeds the model differs between its training and export graphs).
@@ -45,6 +47,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import tensorflow as tf
 
 from qat.engine import marks
+from qat.quantize import fixed_ranges
 from qat.quantize import op_table
 from qat.quantize import patterns as qp
 from qat.quantize import plan_embeddings
@@ -83,6 +86,8 @@ class Plan:
     # A group's own plan: the other members, whose statistics join its own.
     members: List[tf.Tensor] = dataclasses.field(default_factory=list)
     earlier: Optional[tuple] = None  # An earlier call's range (`qat.quantize.replica_stats`).
+    # A constant range, TFLite's fixed output grid (`qat.quantize.fixed_ranges`).
+    fixed: Optional[Tuple[float, float]] = None
 
 
 class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
@@ -375,6 +380,8 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             self.visit_own_range(op)
         elif self._is_constant_division(op):
             self.visit_constant_division(op)
+        elif op.type in op_table.FIXED_RANGE_TYPES:
+            fixed_ranges.plan(self, op)
         elif (op.type in op_table.SAME_SCALE_TYPES
               or op.type in op_table.FIXED_RANGE_TYPES
               or op.type in qp.METADATA_TYPES):  # Read shapes, not values.
