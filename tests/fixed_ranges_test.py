@@ -12,10 +12,10 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
+import fixed_grid_util as util  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat.export import range_survival  # pylint: disable=g-import-not-at-top
 from qat.quantize import fixed_ranges  # pylint: disable=g-import-not-at-top
@@ -23,29 +23,23 @@ from qat.quantize import fixed_ranges  # pylint: disable=g-import-not-at-top
 tf1 = tf.compat.v1
 
 
-def _conv(x, channels, name, activation=tf.nn.relu, training=False):
-    y = tf1.layers.conv2d(x, channels, 1, padding="same", use_bias=False, name=name)
-    y = tf1.layers.batch_normalization(y, training=training, name=name + "_bn")
-    return activation(y) if activation else y
-
-
 def _sigmoid_excite(x, training):
-    a = _conv(x, 8, "a", training=training)
+    a = util.conv(x, 8, "a", training=training)
     s = tf.reduce_mean(a, [1, 2], keepdims=True)
-    s = _conv(s, 8, "excite", tf.nn.sigmoid, training)
-    return _conv(a * s, 4, "head", None, training)
+    s = util.conv(s, 8, "excite", tf.nn.sigmoid, training)
+    return util.conv(a * s, 4, "head", None, training)
 
 
 def _tanh_gate(x, training):
-    a = _conv(x, 8, "a", training=training)
-    g = _conv(x, 8, "gate", tf.nn.tanh, training)
-    return _conv(a * g, 4, "head", None, training)
+    a = util.conv(x, 8, "a", training=training)
+    g = util.conv(x, 8, "gate", tf.nn.tanh, training)
+    return util.conv(a * g, 4, "head", None, training)
 
 
 def _softmax_weights(x, training):
-    a = _conv(x, 8, "a", None, training)
+    a = util.conv(x, 8, "a", None, training)
     w = tf.nn.softmax(tf.reshape(a, [-1, 64, 8]), axis=1)
-    v = tf.reshape(_conv(x, 8, "values", training=training), [-1, 64, 8])
+    v = tf.reshape(util.conv(x, 8, "values", training=training), [-1, 64, 8])
     return tf1.layers.dense(tf.reduce_sum(w * v, 1), 4, name="head")
 
 
@@ -55,59 +49,17 @@ FIXED = dict(sigmoid_excite="Sigmoid", tanh_gate="Tanh", softmax_weights="Softma
 
 
 def _build(case, training):
-    g = tf.Graph()
-    with g.as_default():
-        tf1.set_random_seed(0)
-        x = tf1.placeholder(tf.float32, (None, 8, 8, 3), name="input")
-        y = tf.identity(CASES[case](x, training), name="output")
-    return g, x, y
-
-
-def _variables(graph):
-    return sorted(v.op.name for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
-
-
-def _calibrate(case, directory, steps=3):
-    """A trained graph's ranges: a few training steps on random data, saved."""
-    g, x, y = _build(case, training=True)
-    with g.as_default():
-        qat.experimental_create_training_graph(g, symmetric_weights=True)
-        loss = tf.reduce_mean(tf.square(y))
-        train = tf1.train.GradientDescentOptimizer(0.01).minimize(loss)
-        saver = tf1.train.Saver()
-    rng = np.random.RandomState(0)
-    path = os.path.join(directory, case, "model")
-    with tf1.Session(graph=g) as sess:
-        sess.run(tf1.global_variables_initializer())
-        for _ in range(steps):
-            sess.run(train, {x: rng.uniform(-1, 1, (4, 8, 8, 3))})
-        saver.save(sess, path)
-    return path, _variables(g)
-
-
-def _convert(frozen, x, y, flavour):
-    g = tf.Graph()
-    with g.as_default():
-        tf.import_graph_def(frozen, name="")
-        with tf1.Session(graph=g) as sess:
-            converter = tf1.lite.TFLiteConverter.from_session(
-                sess, [g.get_tensor_by_name(x.name)], [g.get_tensor_by_name(y.name)])
-    mean = 127.5 - (128.0 if flavour == "int8" else 0.0)
-    converter.inference_type = tf.int8 if flavour == "int8" else tf.uint8
-    if flavour == "int8":
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.quantized_input_stats = {x.op.name: (mean, 127.5)}
-    return converter.convert()
+    return util.build(CASES[case], training)
 
 
 class FixedRangesTest(tf.test.TestCase, parameterized.TestCase):
 
     @parameterized.named_parameters(*[(name, name) for name in CASES])
     def test_reader_computes_with_tflite_grid(self, case):
-        path, train_vars = _calibrate(case, self.get_temp_dir())
+        path, train_vars = util.calibrate(CASES[case], self.get_temp_dir())
         g, x, y = _build(case, training=False)
         qat.experimental_create_eval_graph(g, symmetric_weights=True)
-        self.assertContainsSubset(_variables(g), train_vars)  # A strict plain restore.
+        self.assertContainsSubset(util.variables(g), train_vars)  # A strict plain restore.
         fixed, = [op for op in g.get_operations() if op.type == FIXED[case]]
         quantizers = [c for c in fixed.outputs[0].consumers()
                       if c.type == "FakeQuantWithMinMaxVars"]
@@ -120,7 +72,7 @@ class FixedRangesTest(tf.test.TestCase, parameterized.TestCase):
             frozen = tf1.graph_util.convert_variables_to_constants(
                 sess, g.as_graph_def(), [y.op.name])
         for flavour in ("uint8", "int8"):
-            model = _convert(frozen, x, y, flavour)
+            model = util.convert(frozen, x, y, flavour)
             report = range_survival.check_ranges(frozen, model, flavour=flavour)
             self.assertEmpty(report.differing, report.format())
             interpreter = tf.lite.Interpreter(model_content=model)
@@ -128,18 +80,7 @@ class FixedRangesTest(tf.test.TestCase, parameterized.TestCase):
             # The fixed scale is kept: no requantize, no float op.
             self.assertNotIn("QUANTIZE", ops[1:], ops)
             self.assertNotIn("DEQUANTIZE", ops[:-1], ops)
-            self._check_layers(frozen, model, flavour)
-            self.assertIsNotNone(model)
-
-    def _check_layers(self, frozen, model, flavour):
-        """Every layer within one step given TFLite's inputs."""
-        from qat.report import numerics  # pylint: disable=g-import-not-at-top
-        rng = np.random.RandomState(1)
-        images = rng.uniform(-1, 1, (8, 8, 8, 3)).astype(np.float32)
-        report = numerics.layer_numerics(frozen, "input", ["output"], images,
-                                         flavour=flavour, model=model)
-        self.assertLessEqual(report.worst_own.max_own_steps, 1.0 + 1e-3,
-                             "%s\n%s" % (flavour, report.format()))
+            util.check_layers(self, frozen, model, flavour)
 
 
 class PlanTest(tf.test.TestCase):

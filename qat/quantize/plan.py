@@ -10,9 +10,10 @@ beside a quantized one.
 * Layers (Conv2D, DepthwiseConv2dNative, MatMul, transposed conv): their
   weights (`<ctx>/weights_quant`), their data input, and their output after
   the tail (bias add, folded batch norm): `<ctx>/act_quant`, or
-  `<ctx>/conv_quant` when a residual add reads it. A RELU / RELU6 that is the
-  sole reader of a layer, ADD or SUB output is fused by TFLite: the range
-  goes after it instead (`<ctx>/act_quant`).
+  `<ctx>/conv_quant` when a residual add reads it. A RELU / RELU6 (or a
+  `tf.maximum(x, 0)`, `qat.quantize.clamps`) that is the sole reader of a
+  layer, ADD or SUB output is fused by TFLite: the range goes after it
+  instead (`<ctx>/act_quant`).
 * OWN_RANGE ops (ADD, MUL, MEAN, CONCATENATION, LEAKY_RELU, an unfused RELU,
   ...) whose float data inputs all have ranges: their output, named
   `<op scope>/<kind>` (`add_quant`, `mul_quant`, `mean_quant`, ...;
@@ -47,6 +48,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import tensorflow as tf
 
 from qat.engine import marks
+from qat.quantize import clamps
 from qat.quantize import fixed_ranges
 from qat.quantize import op_table
 from qat.quantize import patterns as qp
@@ -245,7 +247,8 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         """A range on `out`, or after the activation that is its sole reader."""
         readers = self._final_readers(out, exclude)
         if (fusable and len(readers) == 1
-                and readers[0].type in op_table.FUSABLE_ACTIVATION_TYPES
+                and (readers[0].type in op_table.FUSABLE_ACTIVATION_TYPES
+                     or clamps.is_relu(readers[0], self.is_data))
                 and self._in_scope(readers[0])):
             act = readers[0]
             self.fused.add(act)
