@@ -43,9 +43,16 @@ def _softmax_weights(x, training):
     return tf1.layers.dense(tf.reduce_sum(w * v, 1), 4, name="head")
 
 
+def _log_softmax_scores(x, training):
+    a = util.conv(x, 8, "a", None, training)
+    scores = tf.nn.log_softmax(a, axis=-1)
+    return util.conv(scores + util.conv(x, 8, "b", None, training), 4, "head", None, training)
+
+
 CASES = dict(sigmoid_excite=_sigmoid_excite, tanh_gate=_tanh_gate,
-             softmax_weights=_softmax_weights)
-FIXED = dict(sigmoid_excite="Sigmoid", tanh_gate="Tanh", softmax_weights="Softmax")
+             softmax_weights=_softmax_weights, log_softmax_scores=_log_softmax_scores)
+FIXED = dict(sigmoid_excite="Sigmoid", tanh_gate="Tanh", softmax_weights="Softmax",
+             log_softmax_scores="LogSoftmax")
 
 
 def _build(case, training):
