@@ -243,8 +243,10 @@ class QuantizerBatch(range_updates.RangeUpdates):
                          narrow_range=bool(spec.narrow_range),
                          **_output_mark(last),
                          **_gradient_attr(
-                             spec, fake_quant_gradient.GRADIENT_OP_TYPE))
-        if spec.is_training and not spec.per_channel:
+                             spec, fake_quant_gradient.FIXED_GRID_GRADIENT_OP_TYPE
+                             if spec.fixed_range is not None
+                             else fake_quant_gradient.GRADIENT_OP_TYPE))
+        if spec.is_training and not spec.per_channel and spec.fixed_range is None:
             self._training_fake_quants.append(
                 (out, lo, hi, spec.num_bits, bool(spec.narrow_range)))
             if input_ref is None and low_dtype is None and not spec.channel_reshape:
