@@ -107,13 +107,33 @@ def _identity_pool(x, training):
     return _conv(tf.nn.avg_pool2d(a, 1, 1, "VALID"), 4, 1, "b", None, training)
 
 
+def _clamp_relu6(x, training):
+    """min(max(conv, 0), 6): RELU fused into the conv, MINIMUM in its scale."""
+    a = _conv(x, 8, 3, "a", None, training)
+    return _conv(tf.minimum(tf.maximum(a, 0.0), 6.0), 4, 1, "b", None, training)
+
+
+def _clamp_n1_to_1(x, training):
+    """min(max(conv, -1), 1): MAXIMUM and MINIMUM in the conv's scale."""
+    a = _conv(x, 8, 3, "a", None, training)
+    return _conv(tf.minimum(tf.maximum(a, -1.0), 1.0), 4, 1, "b", None, training)
+
+
+def _clamp_after_add(x, training):
+    """max(add, 0): fused into the ADD as its RELU; max(., 0) after a clamp: a RELU."""
+    a = _conv(x, 8, 3, "a", None, training)
+    b = tf.maximum(a + _conv(x, 8, 1, "s", None, training), 0.0)
+    return _conv(tf.maximum(tf.minimum(b, 4.0), 0.0), 4, 1, "b", None, training)
+
+
 CASES = dict(image_pooling=_image_pooling, resize_two_readers=_resize_two_readers,
              squeeze_excite_1x1=_squeeze_excite_1x1,
              rescaling_without_offset=_rescaling_without_offset,
              rescaling_then_pool=_rescaling_then_pool, normalisation=_normalisation,
              hard_sigmoid_excite=_hard_sigmoid_excite, global_max_pool=_global_max_pool,
              identity_arithmetic=_identity_arithmetic,
-             identity_pool=_identity_pool)
+             identity_pool=_identity_pool, clamp_relu6=_clamp_relu6,
+             clamp_n1_to_1=_clamp_n1_to_1, clamp_after_add=_clamp_after_add)
 
 
 def _build(case, training):

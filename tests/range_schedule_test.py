@@ -117,8 +117,10 @@ class FromScratchTest(absltest.TestCase):
     CFG = _text_models.TextConfig(vocab=100, seq=16, hidden=32, heads=2, ffn=64, blocks=1,
                                   dropout=0.0)
     # Float training is at 99 % or more from step 25; QAT from scratch of this small
-    # encoder reached 100 % by step 125 (the 4-block encoder of issue #26: by step 50).
-    STEPS = 150
+    # encoder reached 100 % by step 125 (the 4-block encoder of issue #26: by step 50); with
+    # the attention probabilities and the pooler's tanh on TFLite's fixed grids
+    # (qat/quantize/fixed_ranges.py) 96.7 % at step 150, 100 % at step 200.
+    STEPS = 200
 
     def _accuracy(self, quantize):
         train_ids, train_labels = _text_models.token_task(self.STEPS * 32, self.CFG, seed=1)

@@ -34,9 +34,9 @@ And what it rewrites into an op that needs a range: a division by a
 constant (`(x - mean) / std` normalisation) becomes a MUL by the constant's
 reciprocal, an own-range op (`is_constant_division`).
 
-Not modelled (docs/known_limits.md): a clamp written with `tf.maximum` /
-`tf.minimum` and a constant, which the converter fuses into the layer
-before it (as RELU) or rewrites into RELU6 (`minimum(maximum(x, 0), 6)`).
+Clamps by a constant written with `tf.maximum` / `tf.minimum`
+(`qat.quantize.clamps`): `Maximum(x, 0)` is a RELU, fused like one; other
+clamps run in their input's scale (same-scale ops).
 
 Where a shape or a constant is not known statically (a dynamic spatial size,
 axes computed at run time) the op is assumed to be kept: it keeps its own
@@ -47,6 +47,8 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
+
+from qat.quantize import clamps
 
 # Element-wise ops the converter removes when the constant operand is
 # neutral: op type -> (neutral value, whether the constant may be operand 0).
@@ -178,4 +180,5 @@ def removed_or_same_scale(op: tf.Operation,
       True if `op`'s output must share its data input's range (no own range).
     """
     return (is_neutral_arithmetic(op, is_data) or is_size_one_reduction(op)
-            or is_identity_pool(op) or is_extremum_reduction(op))
+            or is_identity_pool(op) or is_extremum_reduction(op)
+            or clamps.is_same_scale_clamp(op, is_data))

@@ -51,6 +51,10 @@ from qat.engine import rewrite as rewrite_lib
 GRADIENT_OP_TYPE = "QatFakeQuantInputGrad"
 DELAYED_GRADIENT_OP_TYPE = "QatDelayedQuantGrad"
 RELU_GRADIENT_OP_TYPE = "QatReluBeforeFakeQuant"
+# A kernel's fixed output grid (`qat.quantize.fixed_ranges`): the values are
+# bounded by the function, the range is no clamp to learn; a softmax of 1.0
+# (above the grid's 255/256) keeps its gradient.
+FIXED_GRID_GRADIENT_OP_TYPE = "QatFixedGridGrad"
 
 # ReLU op type -> the largest output its gradient passes (None: no bound).
 _RELU_UPPER_BOUNDS = {"Relu": None,
@@ -287,7 +291,14 @@ def _relu_before_fake_quant_grad(op: tf.Operation, grad: tf.Tensor):
     return gen_nn_ops.relu_grad(grad, op.outputs[0])
 
 
+def _fixed_grid_grad(op: tf.Operation, grad: tf.Tensor):
+    """Straight-through gradient, unmasked; none for the constant min and max."""
+    del op
+    return (grad, None, None)
+
+
 for _name, _function in ((GRADIENT_OP_TYPE, _fake_quant_input_grad),
+                         (FIXED_GRID_GRADIENT_OP_TYPE, _fixed_grid_grad),
                          (DELAYED_GRADIENT_OP_TYPE, _delayed_quant_grad),
                          (RELU_GRADIENT_OP_TYPE, _relu_before_fake_quant_grad)):
     try:

@@ -31,6 +31,7 @@ from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
 from qat.fold import layer_calls
 from qat.quantize import control_flow
+from qat.quantize import fixed_ranges
 from qat.quantize import quantizer_batch
 from qat.quantize import replica_stats
 from qat.quantize import worker_ranges
@@ -124,7 +125,9 @@ def _spec(plan: Plan, config: config_lib.RewriteConfig,
         nonnegative=t.op.type in ("Relu", "Relu6"),
         init_from_first_batch=config.is_training,
         device=placement.compute_device(t, layers if plan.is_weight else ()),
-        variable_device=placement.variable_device(t, layers))
+        variable_device=placement.variable_device(t, layers),
+        # TFLite fixes 8-bit grids only; at other widths the range is learnt.
+        fixed_range=plan.fixed if config.activation_bits == fixed_ranges.FIXED_BITS else None)
 
 
 def insert_quant_ops(graph: Optional[tf.Graph] = None,

@@ -10,9 +10,10 @@ beside a quantized one.
 * Layers (Conv2D, DepthwiseConv2dNative, MatMul, transposed conv): their
   weights (`<ctx>/weights_quant`), their data input, and their output after
   the tail (bias add, folded batch norm): `<ctx>/act_quant`, or
-  `<ctx>/conv_quant` when a residual add reads it. A RELU / RELU6 that is the
-  sole reader of a layer, ADD or SUB output is fused by TFLite: the range
-  goes after it instead (`<ctx>/act_quant`).
+  `<ctx>/conv_quant` when a residual add reads it. A RELU / RELU6 (or a
+  `tf.maximum(x, 0)`, `qat.quantize.clamps`) that is the sole reader of a
+  layer, ADD or SUB output is fused by TFLite: the range goes after it
+  instead (`<ctx>/act_quant`).
 * OWN_RANGE ops (ADD, MUL, MEAN, CONCATENATION, LEAKY_RELU, an unfused RELU,
   ...) whose float data inputs all have ranges: their output, named
   `<op scope>/<kind>` (`add_quant`, `mul_quant`, `mean_quant`, ...;
@@ -20,8 +21,10 @@ beside a quantized one.
 * Activations written as several ops (hard-swish, GELU;
   `qat.quantize.activation_patterns`): their output only (`act_quant`), so
   the converter makes each one integer HARD_SWISH / GELU op.
-* Same-scale ops (pools, reshapes, pads, ...), fixed-range ops (LOGISTIC,
-  TANH, SOFTMAX) and training-only dropout get no range of their own.
+* Same-scale ops (pools, reshapes, pads, ...) and training-only dropout get
+  no range of their own; fixed-range ops (LOGISTIC, TANH, SOFTMAX) a constant
+  one, their kernel's grid, where the model reads them
+  (`qat.quantize.fixed_ranges`).
 * A tensor an integer op reads that has no range yet (a graph input, a
   tensor from outside `scope`): `<scope of its first model reader>/input_quant`
   (what feeds the model differs between its training and export graphs).
@@ -45,6 +48,8 @@ from typing import Dict, List, Optional, Set, Tuple
 import tensorflow as tf
 
 from qat.engine import marks
+from qat.quantize import clamps
+from qat.quantize import fixed_ranges
 from qat.quantize import op_table
 from qat.quantize import patterns as qp
 from qat.quantize import plan_embeddings
@@ -83,6 +88,8 @@ class Plan:
     # A group's own plan: the other members, whose statistics join its own.
     members: List[tf.Tensor] = dataclasses.field(default_factory=list)
     earlier: Optional[tuple] = None  # An earlier call's range (`qat.quantize.replica_stats`).
+    # A constant range, TFLite's fixed output grid (`qat.quantize.fixed_ranges`).
+    fixed: Optional[Tuple[float, float]] = None
 
 
 class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
@@ -240,7 +247,8 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         """A range on `out`, or after the activation that is its sole reader."""
         readers = self._final_readers(out, exclude)
         if (fusable and len(readers) == 1
-                and readers[0].type in op_table.FUSABLE_ACTIVATION_TYPES
+                and (readers[0].type in op_table.FUSABLE_ACTIVATION_TYPES
+                     or clamps.is_relu(readers[0], self.is_data))
                 and self._in_scope(readers[0])):
             act = readers[0]
             self.fused.add(act)
@@ -375,6 +383,8 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             self.visit_own_range(op)
         elif self._is_constant_division(op):
             self.visit_constant_division(op)
+        elif op.type in op_table.FIXED_RANGE_TYPES:
+            fixed_ranges.plan(self, op)
         elif (op.type in op_table.SAME_SCALE_TYPES
               or op.type in op_table.FIXED_RANGE_TYPES
               or op.type in qp.METADATA_TYPES):  # Read shapes, not values.

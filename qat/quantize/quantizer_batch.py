@@ -198,7 +198,13 @@ class QuantizerBatch(range_updates.RangeUpdates):
         else:
             rank = spec.inputs.shape.rank
             channels = spec.inputs.shape[-1] if spec.per_channel else None
-        if spec.earlier_range is not None:
+        if spec.fixed_range is not None:
+            # A kernel's fixed grid: constants `<prefix>/min|max`.
+            min_var = self._const(p + "/min", float(spec.fixed_range[0]), _FLOAT)
+            max_var = self._const(p + "/max", float(spec.fixed_range[1]), _FLOAT)
+            lo, hi = min_var, max_var
+            self._earlier.append(None)
+        elif spec.earlier_range is not None:
             # An earlier call's range: its variables are what its reads read.
             min_var, max_var = [t.op.inputs[0].op.name for t in spec.earlier_range[2:]]
             lo, hi = [self._external(t) for t in spec.earlier_range[:2]]
@@ -237,8 +243,10 @@ class QuantizerBatch(range_updates.RangeUpdates):
                          narrow_range=bool(spec.narrow_range),
                          **_output_mark(last),
                          **_gradient_attr(
-                             spec, fake_quant_gradient.GRADIENT_OP_TYPE))
-        if spec.is_training and not spec.per_channel:
+                             spec, fake_quant_gradient.FIXED_GRID_GRADIENT_OP_TYPE
+                             if spec.fixed_range is not None
+                             else fake_quant_gradient.GRADIENT_OP_TYPE))
+        if spec.is_training and not spec.per_channel and spec.fixed_range is None:
             self._training_fake_quants.append(
                 (out, lo, hi, spec.num_bits, bool(spec.narrow_range)))
             if input_ref is None and low_dtype is None and not spec.channel_reshape:

@@ -86,6 +86,8 @@ class QuantizerSpec:
       statistics_of: in training, further tensors whose batch min and max
         join this quantizer's in its range update (the other members of a
         concatenation's group).
+      fixed_range: a constant (min, max) instead of variables
+        (`qat.quantize.fixed_ranges`): no variables, no updates.
     """
     inputs: tf.Tensor
     prefix: str
@@ -110,6 +112,7 @@ class QuantizerSpec:
     statistics_of: Tuple[tf.Tensor, ...] = ()
     earlier_range: Optional[Tuple[tf.Tensor, ...]] = None
     all_reduce: Optional[object] = None
+    fixed_range: Optional[Tuple[float, float]] = None
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""

@@ -15,6 +15,8 @@ import tensorflow as tf
 from qat.quantize.quantizer_spec import low_precision_dtype
 
 _FLOAT = tf.float32
+# Narrowest activation range a moving average learns towards (see `_updates`).
+MIN_SPAN = 1e-3
 _INT32 = tf.int32
 _INT64 = tf.int64
 
@@ -59,6 +61,14 @@ class RangeUpdates(object):
                             T=_FLOAT)
             hi = self._node(p + "/Maximum", "Maximum", [batch_max, zero],
                             T=_FLOAT)
+        if spec.moving_average and not spec.per_channel:
+            # A tensor that is zero on the whole batch (a dead ReLU) would
+            # learn [0, 0]; TFLite then quantizes the next layer's bias with
+            # scale ~1e-6 / 255 * weight scale and clamps it to int32.
+            floor = (self._shared_const("min_span", MIN_SPAN, tf.float32) if nonnegative
+                     else self._node(p + "/MinSpan", "AddV2", [lo, self._shared_const(
+                         "min_span", MIN_SPAN, tf.float32)], T=_FLOAT))
+            hi = self._node(p + "/AtLeastMinSpan", "Maximum", [hi, floor], T=_FLOAT)
         if spec.symmetric:
             lo, hi = self._symmetric(p, lo, hi, spec.num_bits, spec.narrow_range)
         if spec.moving_average:

@@ -217,8 +217,8 @@ def share(planner, plans: List) -> List:
     plans = plans + _split_weights_by_device(plans, replicas)
     groups: Dict[Tuple[str, bool], List] = collections.OrderedDict()
     for plan in plans:
-        if plan.shared is not None:
-            continue  # Reads its concatenation group's range, which joins here.
+        if plan.shared is not None or plan.fixed is not None:
+            continue  # Reads its concatenation group's range, which joins here; or a constant.
         k, name = replicas.strip(plan.prefix)
         if k is None:
             continue

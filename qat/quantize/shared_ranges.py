@@ -68,6 +68,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from qat.quantize import clamps
 from qat.quantize import converter_rewrites
 from qat.quantize import op_table
 from qat.quantize import patterns as qp
@@ -89,7 +90,9 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
     for op in ordered:
         if op.type in ROUNDING_TYPES and planner._in_scope(op):  # pylint: disable=protected-access
             plan_rounding(planner, op)
-        elif converter_rewrites.is_size_one_reduction(op) and planner._in_scope(op):  # pylint: disable=protected-access
+        elif ((converter_rewrites.is_size_one_reduction(op)
+               or clamps.is_same_scale_clamp(op, planner.is_data))
+              and planner._in_scope(op)):  # pylint: disable=protected-access
             plan_identity_rounding(planner, op)
     share_concat_ranges(planner, ordered)
 
