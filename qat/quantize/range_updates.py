@@ -124,8 +124,13 @@ class RangeUpdates(object):
         if key not in self._shared:
             scope = "%s/ema_rate_%d" % (self._shared_scope_name(), len(self._shared))
             step_ref = step if isinstance(step, str) else self._external(step)
-            t = self._nodes.node(scope + "/step", "Cast", [step_ref], SrcT=_INT64, DstT=_FLOAT,
-                                 Truncate=False)
+            count = self._nodes.node(scope + "/step", "Cast", [step_ref], SrcT=_INT64,
+                                     DstT=_FLOAT, Truncate=False)
+            # The step is 1 on the first training run; never divide 0 by 0 if a
+            # run reads the counter before its increment.
+            t = self._nodes.node(scope + "/step_at_least_one", "Maximum",
+                                 [count, self._shared_const("one_step_f", 1.0, tf.float32)],
+                                 T=_FLOAT)
             if decay == 1.0:
                 self._shared[key] = self._nodes.node(scope + "/rate", "Reciprocal", [t],
                                                      T=_FLOAT)
