@@ -141,21 +141,20 @@ class Net:
     max_diff_steps: Optional[float] = zoo_util.MAX_DIFF_STEPS
     # Bound of the mean difference over all outputs, in steps (None: none).
     max_mean_diff_steps: Optional[float] = None
-    # Fraction of examples whose argmax must agree (None: none).
-    min_top1_agreement: Optional[float] = None
 
 
 # The ResNets' 16 residual blocks, two steps from random initialisation,
 # amplify the one-step rounding differences every layer keeps (each layer is
 # within one step of the eval graph given TFLite's own inputs, which
 # assert_each_layer_agrees checks, and that stays the precise check). Their
-# largest output difference is chaotic: thread scheduling, oneDNN on or off
-# and the initialisation seed move it by tens of steps (MEASURED_MAX), and one
-# clean run reached 81 against a bound of 80. End to end they are judged by
-# statistics of all 8 x 10 outputs instead: the mean difference in steps
-# (MEASURED_MEAN) and top-1 agreement (MEASURED_TOP1), bounds MARGIN_TEXT.
-_RESNET_BOUNDS = dict(max_diff_steps=None, max_mean_diff_steps=30.0,
-                      min_top1_agreement=0.5)
+# largest output difference is chaotic: the initialisation seed, oneDNN on or
+# off and thread scheduling move it by tens of steps (measured over seeds and
+# oneDNN settings, TF-converter model: v1 uint8 36-49, v1 int8 29-56, v2 uint8
+# 55-57, v2 int8 42-76; one clean run reached 81), and so is top-1 agreement
+# over 8 examples (0.50-1.00). The mean difference over all 8 x 10 outputs is
+# steadier (v1 uint8 11.5-14.2, v1 int8 9.1-15.4, v2 uint8 15.2-18.2, v2 int8
+# 13.8-20.5 steps); it is bounded at about 1.5x the largest measured.
+_RESNET_BOUNDS = dict(max_diff_steps=None, max_mean_diff_steps=30.0)
 
 
 def _inception(fn, **kwargs):
@@ -273,9 +272,6 @@ class SlimNetsTest(zoo_util.ZooAssertions, parameterized.TestCase):
         if net.max_mean_diff_steps is not None:
             self.assertLessEqual(report.mean_diff_steps, net.max_mean_diff_steps,
                                  f"{label}: {report.format()}")
-        if net.min_top1_agreement is not None:
-            self.assertGreaterEqual(report.top1_agreement, net.min_top1_agreement,
-                                    f"{label}: {report.format()}")
 
     @parameterized.named_parameters(*[
         (f"{name}_{flavour}", name, flavour) for name in NETS for flavour in FLAVOURS])
@@ -296,7 +292,7 @@ class SlimNetsTest(zoo_util.ZooAssertions, parameterized.TestCase):
             models = export.export_tflite(
                 [x.name], [y.name], workdir, sess=sess, flavours=flavours,
                 input_ranges={x.op.name: _INPUT_RANGE}, parity_inputs=inputs,
-                max_diff_steps=net.max_diff_steps, min_top1_agreement=net.min_top1_agreement)
+                max_diff_steps=net.max_diff_steps)
             self.assertCountEqual(models, flavours)
             frozen = export.freeze_session(sess, [y.op.name])
             for export_flavour in flavours:
@@ -313,8 +309,7 @@ class SlimNetsTest(zoo_util.ZooAssertions, parameterized.TestCase):
                     frozen, model, label=f"{name} {export_flavour} (TF)")
                 parity = export.check_parity(
                     model, frozen, x.name, y.name, inputs,
-                    max_diff_steps=net.max_diff_steps,
-                    min_top1_agreement=net.min_top1_agreement)
+                    max_diff_steps=net.max_diff_steps)
                 self.assert_parity_statistics(net, parity, f"{name} {export_flavour} (TF)")
                 if model != exported:  # Same bytes: checked above.
                     self.assert_each_layer_agrees(frozen, x, y, inputs, export_flavour, model)
