@@ -5,8 +5,8 @@ Moving average (activations): `v -= rate * (v - batch value)`; rate 1 - decay,
 or, when the quantization step t is given, the bias-corrected (1 - decay) /
 (1 - decay^t) (see `RangeUpdates._ema_rate`).
 Symmetric ranges widen one side; a concatenation's group (`statistics_of`)
-takes the min and max over every member. An activation's batch range is never
-narrower than `MIN_RANGE_WIDTH` (see `RangeUpdates._min_width`). Each method writes NodeDefs through
+takes the min and max over every member. An empty activation batch range (a dead
+ReLU's [0, 0]) becomes `EMPTY_RANGE_WIDTH` wide (`RangeUpdates._widen_empty`). Each method writes NodeDefs through
 `QuantizerBatch`'s helpers and returns the names of the range's (min, max).
 """
 import dataclasses
@@ -19,13 +19,14 @@ _FLOAT = tf.float32
 _INT32 = tf.int32
 _INT64 = tf.int64
 
-# The narrowest activation range a moving average learns. A ReLU that never
-# fires has the batch range [0, 0]; TFLite's converter widens an empty range to
-# about 1e-6, and the next layer's bias scale (input scale x weight scale) then
-# makes its int32 bias overflow. With this width the bias stays representable
-# while |bias| / max|weight| < 2^31 * MIN_RANGE_WIDTH / (255 * 127) (about 660),
-# and a live range this narrow loses at most a step of MIN_RANGE_WIDTH / 255.
-MIN_RANGE_WIDTH = 1e-2
+# The width an empty activation batch range is given. A ReLU that never fires
+# has the batch range [0, 0]; TFLite's converter widens an empty range to about
+# 1e-6, and the next layer's bias scale (input scale x weight scale) then makes
+# its int32 bias overflow. With this width the bias stays representable while
+# |bias| / max|weight| < 2^31 * EMPTY_RANGE_WIDTH / (255 * 127) (about 660).
+# Only empty ranges are widened: a narrow live range (a layer norm's variance)
+# keeps its resolution.
+EMPTY_RANGE_WIDTH = 1e-2
 
 
 class RangeUpdates(object):
@@ -69,7 +70,7 @@ class RangeUpdates(object):
             hi = self._node(p + "/Maximum", "Maximum", [batch_max, zero],
                             T=_FLOAT)
         if spec.moving_average:
-            lo, hi = self._min_width(p, lo, hi, nonnegative)
+            lo, hi = self._widen_empty(p, lo, hi)
         if spec.symmetric:
             lo, hi = self._symmetric(p, lo, hi, spec.num_bits, spec.narrow_range)
         if spec.moving_average:
@@ -82,19 +83,18 @@ class RangeUpdates(object):
             hi = self._assign(p + "/AssignMaxLast", max_var, hi)
         return lo, hi
 
-    def _min_width(self, p, lo, hi, nonnegative):
-        """(lo, hi) widened at the top to at least `MIN_RANGE_WIDTH`.
+    def _widen_empty(self, p, lo, hi):
+        """(lo, hi), or (lo, lo + `EMPTY_RANGE_WIDTH`) where hi <= lo.
 
-        Applied to the batch range before the moving average: an average of
-        ranges at least that wide is at least that wide, so the variables, the
-        training graph and the eval graph (which reads the variables) agree. A
-        dead ReLU's output is all zeros, the same values on any range holding 0.
+        Applied to the batch range before the moving average, so the
+        variables, the training graph and the eval graph (which reads the
+        variables) agree. A dead ReLU's output is all zeros, the same values
+        on any range holding 0.
         """
-        width = self._shared_const("min_range_width", MIN_RANGE_WIDTH, tf.float32)
-        if nonnegative:  # lo is 0.
-            return lo, self._node(p + "/MinWidthMax", "Maximum", [hi, width], T=_FLOAT)
-        top = self._node(p + "/MinWidthTop", "AddV2", [lo, width], T=_FLOAT)
-        return lo, self._node(p + "/MinWidthMax", "Maximum", [hi, top], T=_FLOAT)
+        width = self._shared_const("empty_range_width", EMPTY_RANGE_WIDTH, tf.float32)
+        top = self._node(p + "/EmptyRangeTop", "AddV2", [lo, width], T=_FLOAT)
+        live = self._node(p + "/RangeNotEmpty", "Greater", [hi, lo], T=_FLOAT)
+        return lo, self._node(p + "/WidenEmpty", "SelectV2", [live, hi, top], T=_FLOAT)
 
     def _batch_range(self, spec, p, x, rank, nonnegative):
         """(batch min or None when `nonnegative`, batch max) of `x`."""

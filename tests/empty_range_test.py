@@ -3,8 +3,8 @@
 A layer whose ReLU is dead in training has the batch range [0, 0]. TFLite's
 converter widens an empty range to about 1e-6, so the next layer's bias scale
 (input scale x weight scale) is tiny and its int32 bias overflows: that layer
-is many steps off the eval graph. Activation ranges are never narrower than
-`range_updates.MIN_RANGE_WIDTH`; these tests check the rule on one quantizer
+is many steps off the eval graph. An empty activation batch range becomes
+`range_updates.EMPTY_RANGE_WIDTH` wide; these tests check the rule on one quantizer
 and end to end with TensorFlow's plain converter in both flavours.
 """
 import os
@@ -77,12 +77,17 @@ class QuantizerTest(tf.test.TestCase):
     def test_dead_relu_gets_the_minimum_width(self):
         lo, hi = self._ranges([[-3.0, -1.0, -2.0, -0.5]] * 3, nonnegative=True)
         self.assertEqual(lo, 0.0)
-        self.assertAllClose(hi, range_updates.MIN_RANGE_WIDTH, rtol=1e-6)
+        self.assertAllClose(hi, range_updates.EMPTY_RANGE_WIDTH, rtol=1e-6)
 
-    def test_narrow_signed_range_widens_at_the_top(self):
+    def test_empty_signed_range_widens_at_the_top(self):
+        lo, hi = self._ranges([[0.0, 0.0, 0.0, 0.0]] * 2, nonnegative=False)
+        self.assertEqual(lo, 0.0)
+        self.assertAllClose(hi, range_updates.EMPTY_RANGE_WIDTH, rtol=1e-6)
+
+    def test_narrow_live_range_keeps_its_resolution(self):
+        # A layer norm's variance can be this narrow: it is not widened.
         lo, hi = self._ranges([[-1e-4, 0.0, 1e-4, 0.0]] * 2, nonnegative=False)
-        self.assertAllClose(lo, -1e-4, rtol=1e-5)
-        self.assertAllClose(hi - lo, range_updates.MIN_RANGE_WIDTH, rtol=1e-5)
+        self.assertAllClose([lo, hi], [-1e-4, 1e-4], rtol=1e-5)
 
     def test_wide_ranges_unchanged(self):
         lo, hi = self._ranges([[-0.5, 0.0, 2.0, 1.0]], nonnegative=False)
@@ -112,9 +117,8 @@ class DeadReluTest(parameterized.TestCase, tf.test.TestCase):
                 cls._relu_max = dict(zip([v.op.name for v in relu_max], sess.run(relu_max)))
 
     def test_dead_relu_range_is_not_empty(self):
-        print(self._relu_max)
         self.assertGreaterEqual(float(self._relu_max["dead/act_quant/max"]),
-                                range_updates.MIN_RANGE_WIDTH * (1 - 1e-6))
+                                range_updates.EMPTY_RANGE_WIDTH * (1 - 1e-6))
 
     @parameterized.parameters("uint8", "int8")
     def test_next_layer_agrees_with_tflite(self, flavour):
