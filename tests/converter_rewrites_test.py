@@ -107,13 +107,23 @@ def _identity_pool(x, training):
     return _conv(tf.nn.avg_pool2d(a, 1, 1, "VALID"), 4, 1, "b", None, training)
 
 
+def _removed_reduction_into_concat(x, training):
+    """A reduction over a 1x1 map read by a concatenation: the converter removes it,
+    so the concatenation reads the tensor before it (which joins the group)."""
+    a = tf.nn.max_pool2d(_conv(x, 8, 3, "a", training=training), 8, 8, "VALID")
+    m = tf.reduce_max(a, [1, 2], keepdims=True)
+    p = _conv(tf.reduce_mean(m, [1, 2], keepdims=True), 4, 1, "pool_conv", training=training)
+    return _conv(tf.concat([m, p], 3), 4, 1, "proj", None, training)
+
+
 CASES = dict(image_pooling=_image_pooling, resize_two_readers=_resize_two_readers,
              squeeze_excite_1x1=_squeeze_excite_1x1,
              rescaling_without_offset=_rescaling_without_offset,
              rescaling_then_pool=_rescaling_then_pool, normalisation=_normalisation,
              hard_sigmoid_excite=_hard_sigmoid_excite, global_max_pool=_global_max_pool,
              identity_arithmetic=_identity_arithmetic,
-             identity_pool=_identity_pool)
+             identity_pool=_identity_pool,
+             removed_reduction_into_concat=_removed_reduction_into_concat)
 
 
 def _build(case, training):
