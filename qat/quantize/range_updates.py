@@ -5,9 +5,10 @@ Moving average (activations): `v -= rate * (v - batch value)`; rate 1 - decay,
 or, when the quantization step t is given, the bias-corrected (1 - decay) /
 (1 - decay^t) (see `RangeUpdates._ema_rate`).
 Symmetric ranges widen one side; a concatenation's group (`statistics_of`)
-takes the min and max over every member. An empty activation batch range (a dead
-ReLU's [0, 0]) becomes `EMPTY_RANGE_WIDTH` wide (`RangeUpdates._widen_empty`). Each method writes NodeDefs through
-`QuantizerBatch`'s helpers and returns the names of the range's (min, max).
+takes the min and max over every member. An empty activation batch range (a
+dead ReLU's [0, 0]) becomes `EMPTY_RANGE_WIDTH` wide (`RangeUpdates._widen_empty`).
+Each method writes NodeDefs through `QuantizerBatch`'s helpers and returns the
+names of the range's (min, max).
 """
 import dataclasses
 

@@ -34,7 +34,9 @@ single layers next to a concatenation). Two places where TFLite decides the scal
   a QUANTIZE before the resize.
   A pool that is the identity (`converter_rewrites.is_identity_pool`) is
   not rounded. A reduction over axes of size 1 gets a FakeQuant reading
-  its input's range (`plan_identity_rounding`).
+  its input's range (`plan_identity_rounding`); where a concatenation reads
+  it, the range it reads joins the group (the converter removes the
+  reduction, so the concatenation reads that range's tensor).
   An average pool that reads its range through a max pool (InceptionV3's
   first mixed block) is not rounded: there the converter left the max
   pool's other readers in float. A Mean has a range of its own (MEAN is an
