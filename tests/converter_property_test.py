@@ -56,6 +56,8 @@ class ConverterPropertyTest(absltest.TestCase):
     @hypothesis.example(net=_FIXED["mean_1x1"])
     @hypothesis.example(net=_FIXED["rescaling"])
     @hypothesis.example(net=_FIXED["se"])
+    @hypothesis.example(net=_FIXED["dead_squeeze"])
+    @hypothesis.example(net=_FIXED["removed_max_into_concat"])
     @hypothesis.given(net=networks.conv_networks(grouped=True))
     def test_eval_graph_is_the_integer_model(self, net):
         self.assertTrue(networks.is_valid(net), net.describe())

@@ -126,6 +126,15 @@ def _clamp_after_add(x, training):
     return _conv(tf.maximum(tf.minimum(b, 4.0), 0.0), 4, 1, "b", None, training)
 
 
+def _removed_reduction_into_concat(x, training):
+    """A reduction over a 1x1 map read by a concatenation: the converter removes it,
+    so the concatenation reads the tensor before it (which joins the group)."""
+    a = tf.nn.max_pool2d(_conv(x, 8, 3, "a", training=training), 8, 8, "VALID")
+    m = tf.reduce_max(a, [1, 2], keepdims=True)
+    p = _conv(tf.reduce_mean(m, [1, 2], keepdims=True), 4, 1, "pool_conv", training=training)
+    return _conv(tf.concat([m, p], 3), 4, 1, "proj", None, training)
+
+
 CASES = dict(image_pooling=_image_pooling, resize_two_readers=_resize_two_readers,
              squeeze_excite_1x1=_squeeze_excite_1x1,
              rescaling_without_offset=_rescaling_without_offset,
@@ -133,7 +142,8 @@ CASES = dict(image_pooling=_image_pooling, resize_two_readers=_resize_two_reader
              hard_sigmoid_excite=_hard_sigmoid_excite, global_max_pool=_global_max_pool,
              identity_arithmetic=_identity_arithmetic,
              identity_pool=_identity_pool, clamp_relu6=_clamp_relu6,
-             clamp_n1_to_1=_clamp_n1_to_1, clamp_after_add=_clamp_after_add)
+             clamp_n1_to_1=_clamp_n1_to_1, clamp_after_add=_clamp_after_add,
+             removed_reduction_into_concat=_removed_reduction_into_concat)
 
 
 def _build(case, training):

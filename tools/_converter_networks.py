@@ -387,4 +387,14 @@ def example_networks() -> dict:
         "rescaling": ConvNet(4, "rescaling", (ConvBlock("conv", 4),), head="softmax"),
         "se": ConvNet(3, "scale_offset", (
             ConvBlock("conv", 4, batch_norm=True), ConvBlock("se", 2, variant="hard_sigmoid"))),
+        # An SE squeeze ReLU that never fires at seed 0 (range [0, 0]): TFLite's
+        # excite-conv int32 bias overflowed (range_updates.EMPTY_RANGE_WIDTH).
+        "dead_squeeze": ConvNet(2, "none", (
+            ConvBlock("resize_concat", 2, variant="bilinear"),
+            ConvBlock("se", 3, variant="hard_sigmoid"))),
+        # A concatenation reading a removed Max over 1x1 after the removed add of
+        # Rescaling: the int8 conversion failed ("same scale constraint").
+        "removed_max_into_concat": ConvNet(1, "rescaling", (
+            ConvBlock("global_pool", variant="max"),
+            ConvBlock("resize_concat", 3, variant="bilinear"))),
     }

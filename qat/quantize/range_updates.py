@@ -5,8 +5,10 @@ Moving average (activations): `v -= rate * (v - batch value)`; rate 1 - decay,
 or, when the quantization step t is given, the bias-corrected (1 - decay) /
 (1 - decay^t) (see `RangeUpdates._ema_rate`).
 Symmetric ranges widen one side; a concatenation's group (`statistics_of`)
-takes the min and max over every member. Each method writes NodeDefs through
-`QuantizerBatch`'s helpers and returns the names of the range's (min, max).
+takes the min and max over every member. An empty activation batch range (a
+dead ReLU's [0, 0]) becomes `EMPTY_RANGE_WIDTH` wide (`RangeUpdates._widen_empty`).
+Each method writes NodeDefs through `QuantizerBatch`'s helpers and returns the
+names of the range's (min, max).
 """
 import dataclasses
 
@@ -15,10 +17,17 @@ import tensorflow as tf
 from qat.quantize.quantizer_spec import low_precision_dtype
 
 _FLOAT = tf.float32
-# Narrowest activation range a moving average learns towards (see `_updates`).
-MIN_SPAN = 1e-3
 _INT32 = tf.int32
 _INT64 = tf.int64
+
+# The width an empty activation batch range is given. A ReLU that never fires
+# has the batch range [0, 0]; TFLite's converter widens an empty range to about
+# 1e-6, and the next layer's bias scale (input scale x weight scale) then makes
+# its int32 bias overflow. With this width the bias stays representable while
+# |bias| / max|weight| < 2^31 * EMPTY_RANGE_WIDTH / (255 * 127) (about 660).
+# Only empty ranges are widened: a narrow live range (a layer norm's variance)
+# keeps its resolution.
+EMPTY_RANGE_WIDTH = 1e-2
 
 
 class RangeUpdates(object):
@@ -61,14 +70,8 @@ class RangeUpdates(object):
                             T=_FLOAT)
             hi = self._node(p + "/Maximum", "Maximum", [batch_max, zero],
                             T=_FLOAT)
-        if spec.moving_average and not spec.per_channel:
-            # A tensor that is zero on the whole batch (a dead ReLU) would
-            # learn [0, 0]; TFLite then quantizes the next layer's bias with
-            # scale ~1e-6 / 255 * weight scale and clamps it to int32.
-            floor = (self._shared_const("min_span", MIN_SPAN, tf.float32) if nonnegative
-                     else self._node(p + "/MinSpan", "AddV2", [lo, self._shared_const(
-                         "min_span", MIN_SPAN, tf.float32)], T=_FLOAT))
-            hi = self._node(p + "/AtLeastMinSpan", "Maximum", [hi, floor], T=_FLOAT)
+        if spec.moving_average:
+            lo, hi = self._widen_empty(p, lo, hi)
         if spec.symmetric:
             lo, hi = self._symmetric(p, lo, hi, spec.num_bits, spec.narrow_range)
         if spec.moving_average:
@@ -80,6 +83,19 @@ class RangeUpdates(object):
             lo = self._assign(p + "/AssignMinLast", min_var, lo)
             hi = self._assign(p + "/AssignMaxLast", max_var, hi)
         return lo, hi
+
+    def _widen_empty(self, p, lo, hi):
+        """(lo, hi), or (lo, lo + `EMPTY_RANGE_WIDTH`) where hi <= lo.
+
+        Applied to the batch range before the moving average, so the
+        variables, the training graph and the eval graph (which reads the
+        variables) agree. A dead ReLU's output is all zeros, the same values
+        on any range holding 0.
+        """
+        width = self._shared_const("empty_range_width", EMPTY_RANGE_WIDTH, tf.float32)
+        top = self._node(p + "/EmptyRangeTop", "AddV2", [lo, width], T=_FLOAT)
+        live = self._node(p + "/RangeNotEmpty", "Greater", [hi, lo], T=_FLOAT)
+        return lo, self._node(p + "/WidenEmpty", "SelectV2", [live, hi, top], T=_FLOAT)
 
     def _batch_range(self, spec, p, x, rank, nonnegative):
         """(batch min or None when `nonnegative`, batch max) of `x`."""

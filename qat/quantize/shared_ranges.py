@@ -34,7 +34,9 @@ single layers next to a concatenation). Two places where TFLite decides the scal
   a QUANTIZE before the resize.
   A pool that is the identity (`converter_rewrites.is_identity_pool`) is
   not rounded. A reduction over axes of size 1 gets a FakeQuant reading
-  its input's range (`plan_identity_rounding`).
+  its input's range (`plan_identity_rounding`); where a concatenation reads
+  it, the range it reads joins the group (the converter removes the
+  reduction, so the concatenation reads that range's tensor).
   An average pool that reads its range through a max pool (InceptionV3's
   first mixed block) is not rounded: there the converter left the max
   pool's other readers in float. A Mean has a range of its own (MEAN is an
@@ -159,6 +161,9 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
                 continue
             parent.setdefault(source, source)
             parent[find(source)] = find(out)
+            for upstream in _removed_reduction_sources(planner, source):
+                parent.setdefault(upstream, upstream)
+                parent[find(upstream)] = find(out)
             merged = _merged_resize_input(planner, source)
             if merged is not None:
                 parent.setdefault(merged, merged)
@@ -178,6 +183,30 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             # A rounding (an average pool's output) reads the group's range instead.
             plan.shared, plan.before_update = owner_plan, True
             owner_plan.members.append(t)
+
+
+def _removed_reduction_sources(planner, member: tf.Tensor) -> List[tf.Tensor]:
+    """The ranges a member that is a reduction over size-1 axes reads by construction.
+
+    Its FakeQuant (`plan_identity_rounding`) reads its input's source range;
+    the converter removes the reduction, so the concatenation reads that
+    source's tensor in TFLite: the source joins the group (and so on up a
+    chain of such reductions), or TFLite sees two scales ("same scale
+    constraint").
+    """
+    found = []
+    t = member
+    for _ in range(10000):
+        op = t.op
+        if (not converter_rewrites.is_size_one_reduction(op)
+                or not planner.is_data(op.inputs[0])):
+            break
+        t = planner._source(op.inputs[0])  # pylint: disable=protected-access
+        plan = planner.plans.get(t)
+        if plan is None or plan.is_weight or plan.per_channel:
+            break
+        found.append(t)
+    return found
 
 
 def _merged_resize_input(planner, member: tf.Tensor):
