@@ -11,7 +11,7 @@ integer, every activation range is a TFLite tensor of its scale and zero
 point, and every layer is within one step of TFLite given TFLite's inputs.
 A failing example is shrunk greedily and both are reported. Networks that run
 into a documented limit (`networks.known_limit`, docs/known_limits.md) are
-left out of the bounded run; KnownLimitTest checks that the suite finds them.
+left out of the bounded run (none today; FixedRangeTest checks the last one, now fixed).
 `tools/property_check.py --suite=converter` runs the same checks over any
 number of networks.
 """
@@ -61,24 +61,21 @@ class ConverterPropertyTest(absltest.TestCase):
     @hypothesis.given(net=networks.conv_networks(grouped=True))
     def test_eval_graph_is_the_integer_model(self, net):
         self.assertTrue(networks.is_valid(net), net.describe())
-        hypothesis.assume(networks.known_limit(net) is None)  # KnownLimitTest checks those.
+        hypothesis.assume(networks.known_limit(net) is None)  # Documented limits (none today).
         _assert_invariants(self, net)
 
 
-class KnownLimitTest(absltest.TestCase):
-    """The suite finds the documented limits the bounded run leaves out."""
+class FixedRangeTest(absltest.TestCase):
+    """Once a documented limit: a sigmoid read by an SE multiply."""
 
-    def test_sigmoid_read_by_a_multiply_is_found(self):
-        # docs/known_limits.md: TFLite rounds the sigmoid's output to 1/256,
-        # the eval graph leaves it unquantized; the SE multiply differs.
+    def test_sigmoid_read_by_a_multiply_holds_every_invariant(self):
+        # TFLite rounds the sigmoid's output to 1/256; the eval graph now does
+        # too (qat/quantize/fixed_ranges.py), so the SE multiply agrees.
         net = networks.ConvNet(8, "rescaling", (
             networks.ConvBlock("se", 4, variant="sigmoid"),
             networks.ConvBlock("se", 4, variant="sigmoid")), head="softmax")
-        self.assertEqual(networks.known_limit(net),
-                         "sigmoid-softmax-and-tanh-outputs-read-by-another-op")
-        violated = invariants.violations(net)
-        self.assertEqual(list(violated), ["layers_within_one_step"], violated)
-        self.assertIn("mul_quant", violated["layers_within_one_step"])
+        self.assertIsNone(networks.known_limit(net))
+        self.assertEqual(dict(invariants.violations(net)), {})
 
 
 class CheckersTest(absltest.TestCase):

@@ -189,8 +189,7 @@ def known_limit(net: ConvNet) -> Optional[str]:
     The property runs count every violation; the bounded test leaves these
     networks out and checks apart that the suite finds the limit.
     """
-    if any(b.kind == "se" and b.variant == "sigmoid" for b in net.blocks):
-        return "sigmoid-softmax-and-tanh-outputs-read-by-another-op"
+    del net  # None today: sigmoid outputs read by a multiply get their fixed range.
     return None
 
 
