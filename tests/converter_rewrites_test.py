@@ -21,6 +21,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat.export import range_survival  # pylint: disable=g-import-not-at-top
 from qat.quantize import converter_rewrites  # pylint: disable=g-import-not-at-top
+import zoo_util  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 
@@ -227,22 +228,10 @@ def _lost_ranges(frozen, model, flavour):
 
 
 def _convert(sess, x, y, flavour):
+    """(frozen eval graph, TF's plain conversion of it) for inputs in [-1, 1]."""
     frozen = tf1.graph_util.convert_variables_to_constants(
         sess, sess.graph.as_graph_def(), [y.op.name])
-    g = tf.Graph()
-    with g.as_default():
-        tf.import_graph_def(frozen, name="")
-        with tf1.Session(graph=g) as frozen_sess:
-            converter = tf1.lite.TFLiteConverter.from_session(
-                frozen_sess, [g.get_tensor_by_name(x.name)], [g.get_tensor_by_name(y.name)])
-    mean = 127.5 - (128.0 if flavour == "int8" else 0.0)
-    if flavour == "int8":
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.inference_type = tf.int8
-    else:
-        converter.inference_type = tf.uint8
-    converter.quantized_input_stats = {x.op.name: (mean, 127.5)}
-    return frozen, converter.convert()
+    return frozen, zoo_util.convert_with_tf(sess, x, y, flavour, (-1.0, 1.0))
 
 
 class ConverterRewritesTest(tf.test.TestCase, parameterized.TestCase):
