@@ -9,13 +9,13 @@ TF 1.x scripts import the libraries qat replaces from `tensorflow.contrib`:
 
 After one opt-in call, `qat.compat.install()`, these resolve to qat
 (`qat.create_training_graph`, ..., `qat.graph_editor`) and to tf_slim, and the
-pure-Python parts of `training` (`HParams`, qat.compat_hparams, and tf_slim's
+pure-Python parts of `training` (`HParams`, qat.compat.hparams, and tf_slim's
 training functions), `framework` (tf_slim's arg scopes and variable functions)
 and `layers` (tf_slim's layers, initializers and regularizers) are provided.
 Any other `tensorflow.contrib.<name>` raises an ImportError (AttributeError for
 `tf.contrib.<name>`) that says so, and so does a name those three lack.
 `install()` also gives back what TF1 scripts had from TF1 and NumPy 1
-(qat.compat_tf1): graph mode with ref variables and TF1 control flow, NumPy's
+(qat.compat.tf1): graph mode with ref variables and TF1 control flow, NumPy's
 removed aliases (`np.int`, ...) and `Operation._outputs`.
 
 `enable_slim()` makes tf-slim 1.1.0 work on TF 2.21: TensorFlow's
@@ -41,8 +41,8 @@ from absl import logging
 import tensorflow as tf
 
 import qat
-from qat import compat_hparams
-from qat import compat_tf1
+from qat.compat import hparams as compat_hparams
+from qat.compat import tf1 as compat_tf1
 from qat import graph_editor
 
 __all__ = ["install", "uninstall", "installed", "enable_slim", "legacy_keras_enabled"]
@@ -323,16 +323,16 @@ def install(graph_mode: bool = True, numpy_aliases: bool = True) -> None:
     `enable_slim()` when TF_USE_LEGACY_KERAS=1 was set (otherwise slim's
     first use raises enable_slim's error), gives `tf.Operation` TF1's
     `_outputs`, and, by default, TF1's graph mode and NumPy's removed
-    aliases (qat.compat_tf1). Idempotent.
+    aliases (qat.compat.tf1). Idempotent.
 
     Args:
         graph_mode: TF1's defaults for `tf.compat.v1` code: eager execution
             off, ref variables from `tf.compat.v1.get_variable`, TF1 control
-            flow outside `tf.function` (`compat_tf1.enable_tf1_graph_mode`).
+            flow outside `tf.function` (`qat.compat.tf1.enable_tf1_graph_mode`).
             `uninstall()` restores the previous settings.
         numpy_aliases: bind `np.int`, `np.float`, `np.object`, `np.float_`
             and the other names NumPy 1.24 and 2.0 removed to what they
-            meant (`compat_tf1.NUMPY_ALIASES`; names NumPy has are kept).
+            meant (`qat.compat.tf1.NUMPY_ALIASES`; names NumPy has are kept).
     """
     global _finder, _tf2_state
     if legacy_keras_enabled():
