@@ -27,7 +27,7 @@ from qat.quantize import activation_patterns
 from qat.quantize import embeddings
 from qat.quantize import patterns as quantize_patterns
 from qat.quantize import plan as quantize_plan
-from qat.report import structure
+from qat.tflite import graph_structure as structure
 
 # TF op types whose TFLite builtins have int8/uint8 kernels.
 INTEGER_KERNEL_TYPES = frozenset([

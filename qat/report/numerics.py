@@ -36,8 +36,8 @@ from qat.export import freeze
 from qat.export import inspect
 from qat.export import parity
 from qat.export import range_survival
-from qat.report import structure
-from qat.report import tflite_names
+from qat.tflite import graph_structure as structure
+from qat.tflite import names as tflite_names
 
 DRIFT_STEPS = 1.0  # A TFLite tensor off by more than this many steps "drifts".
 _STEP_TOLERANCE = 1e-3  # Float rounding of diff / scale: 1.0000001 steps is one step.

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from qat.quantize import op_table
 from qat.quantize import patterns as quantize_patterns
-from qat.report import structure
+from qat.tflite import graph_structure as structure
 
 
 def name_parts(name: str, graph_ops: set):
