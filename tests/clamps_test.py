@@ -17,7 +17,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import fixed_grid_util as util  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat.export import range_survival  # pylint: disable=g-import-not-at-top
-from qat.quantize import clamps  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan import clamps  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 

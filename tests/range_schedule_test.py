@@ -20,7 +20,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat.engine import step_counter  # pylint: disable=g-import-not-at-top
-from qat.quantize import quantizer_batch  # pylint: disable=g-import-not-at-top
+from qat.quantize.emit import quantizer_batch  # pylint: disable=g-import-not-at-top
 from tools import _text_models  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1

@@ -28,7 +28,7 @@ and training mode), rewrites both and returns, for each invariant of
   read through a FakeQuant whose min / max variables are the
   concatenation's (training and eval graphs). A concatenation's range reads
   its other inputs' raw values for its statistics
-  (`qat.quantize.shared_ranges`): `no_raw_reader` counts those reductions as
+  (`qat.quantize.plan.shared_ranges`): `no_raw_reader` counts those reductions as
   range computation.
 
 The checks are structural except the two that run a Session (one thread).

@@ -51,7 +51,7 @@ def _build(name: str, training: bool, batch_size=None):
 
 def main(argv):
     del argv
-    from qat.fold.fold_batch_norms import fold_batch_norms  # pylint: disable=g-import-not-at-top
+    from qat.api import fold_batch_norms  # pylint: disable=g-import-not-at-top
     for name in FLAGS.models:
         if name not in _SIZES:
             raise app.UsageError("Unknown model %r; choose from %s." % (name, sorted(_SIZES)))

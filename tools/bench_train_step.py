@@ -92,7 +92,7 @@ def _session(variant: str):
                     if op.type.startswith("FakeQuantWithMinMaxVars"):
                         op._clear_attr("_gradient_op_type")  # pylint: disable=protected-access
             if variant in ("qat_tf_gradient", "qat_no_relu_fusion"):
-                relu_gradient = (qat.quantize.fake_quant_gradient
+                relu_gradient = (qat.quantize.emit.fake_quant_gradient
                                  .RELU_GRADIENT_OP_TYPE.encode())
                 for op in g.get_operations():
                     if op.type in ("Relu", "Relu6") and op.node_def.attr[

@@ -67,7 +67,7 @@ _NOW_RATE = None
 
 
 def _set_rule(rule):
-    from qat.quantize import range_updates  # pylint: disable=g-import-not-at-top
+    from qat.quantize.emit import range_updates  # pylint: disable=g-import-not-at-top
     global _NOW_RATE
     if _NOW_RATE is None:
         _NOW_RATE = range_updates.RangeUpdates._ema_rate  # pylint: disable=protected-access

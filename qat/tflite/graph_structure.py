@@ -20,13 +20,13 @@ import tensorflow as tf
 
 from qat.engine import preconditions
 from qat.matching import layer_patterns
-from qat.quantize import embeddings
-from qat.quantize import op_table
-from qat.quantize import patterns as quantize_patterns
-from qat.quantize import quantizer_batch
+from qat.matching import tensors
 from qat.matching.matcher import GraphMatcher
+from qat.quantize.plan import lookups
+from qat.quantize.plan import op_table
+from qat.quantize.plan import patterns as quantize_patterns
 
-FAKE_QUANT_TYPES = frozenset(quantizer_batch.FAKE_QUANT_TYPES)
+FAKE_QUANT_TYPES = tensors.FAKE_QUANT_TYPES
 LAYER_TYPES = frozenset(quantize_patterns.LAYER_TYPES)
 INPUT_TYPES = quantize_patterns.INPUT_TYPES
 # What the planner gives no range of its own (pools, resizes, reshapes, ...).
@@ -202,8 +202,8 @@ def graph_inputs(graph: tf.Graph) -> List[tf.Operation]:
 
 def data_sources(graph: tf.Graph) -> List[tf.Operation]:
     """Float graph inputs, and where integer inputs (token ids, masks) turn
-    float: embedding lookups and casts (`qat.quantize.embeddings`)."""
-    return graph_inputs(graph) + list(embeddings.entry_ops(graph.get_operations()))
+    float: embedding lookups and casts (`qat.quantize.plan.lookups`)."""
+    return graph_inputs(graph) + list(lookups.entry_ops(graph.get_operations()))
 
 
 def default_outputs(graph: tf.Graph) -> List[tf.Operation]:

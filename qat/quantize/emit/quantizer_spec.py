@@ -1,6 +1,6 @@
 """What one quantizer is: `QuantizerSpec`, validated before anything is built.
 
-`qat.quantize.quantizer_batch` builds quantizers from these specs.
+`qat.quantize.emit.quantizer_batch` builds quantizers from these specs.
 """
 import dataclasses
 from typing import Optional, Sequence, Tuple
@@ -8,19 +8,18 @@ from typing import Optional, Sequence, Tuple
 import tensorflow as tf
 
 from qat.engine import config as config_lib
+from qat.matching import tensors
 
 # Name of the FakeQuant op inside each quantizer's scope (contrib's names).
 FAKE_QUANT_NAME = "FakeQuantWithMinMaxVars"
-FAKE_QUANT_TYPES = frozenset(
-    ["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxVarsPerChannel"])
+FAKE_QUANT_TYPES = tensors.FAKE_QUANT_TYPES
 MIN_NUM_BITS = config_lib.MIN_BITS
 MAX_NUM_BITS = config_lib.MAX_BITS
 DEFAULT_VARS_COLLECTION = tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES
-# Mixed precision: tensors of these dtypes are cast to float32 for their
-# FakeQuant (`<prefix>/ToFloat32`) and back (`<prefix>/FromFloat32`); the
-# range variables are float32 as always.
-LOW_PRECISION_DTYPES = frozenset([tf.float16, tf.bfloat16])
-QUANTIZABLE_DTYPES = frozenset([tf.float32]) | LOW_PRECISION_DTYPES
+# Mixed precision (`qat.matching.tensors`): float16 and bfloat16 tensors are
+# cast to float32 for their FakeQuant and back.
+LOW_PRECISION_DTYPES = tensors.LOW_PRECISION_DTYPES
+QUANTIZABLE_DTYPES = tensors.QUANTIZABLE_DTYPES
 
 
 def validate_num_bits(num_bits: int, what: str = "num_bits",
@@ -76,7 +75,7 @@ class QuantizerSpec:
         prior such as [-6, 6] squashes small activations), the mean of the
         batches so far early on (a fast-growing range is followed), rate
         1 - decay later. False: rate 1 - decay from `init_min` / `init_max`.
-      range_of: shared ranges (`qat.quantize.shared_ranges`): the index, in
+      range_of: shared ranges (`qat.quantize.plan.shared_ranges`): the index, in
         the same batch, of an earlier quantizer whose range this one reads;
         it then owns no variables and updates nothing.
       range_before_update: with `range_of`, in training: read that
@@ -87,7 +86,7 @@ class QuantizerSpec:
         join this quantizer's in its range update (the other members of a
         concatenation's group).
       fixed_range: a constant (min, max) instead of variables
-        (`qat.quantize.fixed_ranges`): no variables, no updates.
+        (`qat.quantize.plan.fixed_ranges`): no variables, no updates.
     """
     inputs: tf.Tensor
     prefix: str

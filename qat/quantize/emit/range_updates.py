@@ -14,7 +14,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from qat.quantize.quantizer_spec import low_precision_dtype
+from qat.quantize.emit.quantizer_spec import low_precision_dtype
 
 _FLOAT = tf.float32
 _INT32 = tf.int32
@@ -31,7 +31,7 @@ EMPTY_RANGE_WIDTH = 1e-2
 
 
 class RangeUpdates(object):
-    """Mixin of `qat.quantize.quantizer_batch.QuantizerBatch` (uses its NodeDef helpers)."""
+    """Mixin of `qat.quantize.emit.quantizer_batch.QuantizerBatch` (uses its NodeDef helpers)."""
 
     def _updates(self, spec, p, x, rank, min_var, max_var, step):
         zero = self._shared_const("zero", 0.0, tf.float32)

@@ -9,7 +9,7 @@ range. In an eval graph the batch norm is `x * scale + offset` with constant
 scale`: the same as a 1x1 depthwise convolution with weights `scale` and bias
 `offset`, which TFLite runs as one integer DEPTHWISE_CONV_2D (int32 bias).
 
-`replace_with_depthwise` builds that form next to the batch norm, quantizes
+`add_depthwise` builds that form next to the batch norm, quantizes
 its weights with a symmetric narrow range computed from the weights themselves
 (no range variables: the training checkpoint has none for it), and moves the
 batch norm's consumers onto it. The range after it (`<bn ctx>/bn_quant` or
@@ -20,81 +20,12 @@ from typing import Optional
 import tensorflow as tf
 
 from qat.engine import marks
+from qat.matching.standalone_batch_norms import REPLACES_ATTR
+from qat.matching.standalone_batch_norms import is_replaceable
+from qat.matching.standalone_batch_norms import is_replaced
 
 # Suffix of the name scope of the replacement ops: `<bn op name>_depthwise`.
 SCOPE_SUFFIX = "_depthwise"
-
-
-_BATCH_NORM_TYPES = frozenset(["FusedBatchNorm", "FusedBatchNormV2",
-                               "FusedBatchNormV3"])
-
-
-def is_replaceable(bn: tf.Operation) -> bool:
-    """True for an inference-mode NHWC fused batch norm on a 4-D float input."""
-    if bn.type not in _BATCH_NORM_TYPES:
-        return False
-    if bn.get_attr("is_training"):
-        return False
-    if bn.get_attr("data_format") not in (b"NHWC", "NHWC"):
-        return False
-    x = bn.inputs[0]
-    return (x.dtype == tf.float32 and x.shape.rank == 4
-            and x.shape[-1] is not None)
-
-
-_COND_TYPES = ("If", "StatelessIf")
-
-
-def is_batch_norm_cond(op: tf.Operation, library) -> bool:
-    """True for an If op whose branches run a fused batch norm.
-
-    What a batch norm built with a `training` tensor becomes (the fold pass
-    warns about those); its output 0 is the batch norm output.
-
-    Args:
-      op: any op.
-      library: {function name: FunctionDef} of the graph.
-    """
-    if op.type not in _COND_TYPES or not op.outputs:
-        return False
-    for key in ("then_branch", "else_branch"):
-        function = library.get(op.get_attr(key).name)
-        if function is not None and any(
-                node.op in _BATCH_NORM_TYPES for node in function.node_def):
-            return True
-    return False
-
-
-def data_input(op: tf.Operation, is_data) -> Optional[tf.Tensor]:
-    """The tensor a batch norm (or batch norm If op) normalises.
-
-    Args:
-      op: a FusedBatchNorm* op or an If op from `is_batch_norm_cond`.
-      is_data: predicate telling data tensors from parameters.
-    """
-    if op.type not in _COND_TYPES:
-        return op.inputs[0]
-    for t in op.inputs:
-        if t.dtype == tf.float32 and is_data(t):
-            return t
-    return None
-
-
-# Attribute of the replacement's depthwise conv naming the batch norm it
-# replaces (qat's own mark; see qat.engine.marks).
-REPLACES_ATTR = "_qat_replaces"
-
-
-def is_replaced(bn: tf.Operation) -> bool:
-    """True if an earlier pass already replaced `bn`."""
-    for op in bn.inputs[0].consumers():
-        if marks.made_by_qat(op, marks.STANDALONE_BATCH_NORM):
-            try:
-                if op.get_attr(REPLACES_ATTR) == bn.name.encode():
-                    return True
-            except ValueError:
-                continue
-    return False
 
 
 def add_depthwise(rewrite, bn: tf.Operation, per_channel: bool = False,

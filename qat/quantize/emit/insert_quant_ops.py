@@ -1,14 +1,16 @@
-"""The insert_quant_ops pass: FakeQuant ops on weights and activations.
+"""The quantize pass's emission: the quantizers a plan asks for, as one checked rewrite.
 
-The pass plans every quantizer on the unchanged graph (`qat.quantize.plan`),
-describes all of them (`quantizer_batch.QuantizerBatch`), the consumers they
-take over and, in eval graphs, the standalone batch-norm replacements as one
-`qat.engine.rewrite.Rewrite`, which is checked before it is applied: a bad
-input leaves the graph untouched.
+The planner plans every quantizer on the unchanged graph (`qat.quantize.plan`);
+`emit_quantizers` describes all of them (`quantizer_batch.QuantizerBatch`),
+the consumers they take over and, in eval graphs, the standalone batch-norm
+replacements as one `qat.engine.rewrite.Rewrite`, which is checked before it
+is applied: a bad input leaves the graph untouched. `qat.api` wires the pass
+(`qat.insert_quant_ops`): layer calls inlined, plan, emission, with replicas
+(`qat.distribute`) through the `Replication` hook.
 
 What gets a range, and under which name, is the planner's business: see
-`qat.quantize.plan` (tensor-centric rules from TFLite's integer op
-requirements, `qat.quantize.op_table`) and docs/what_gets_a_range.md. This
+`qat.quantize.plan.planner` (tensor-centric rules from TFLite's integer op
+requirements, `qat.quantize.plan.op_table`) and docs/what_gets_a_range.md. This
 module turns each `Plan` into a `QuantizerSpec` (bit width, symmetry,
 per-channel, devices), builds them, and reports the result.
 
@@ -18,7 +20,7 @@ quantizer's output. Layers inside functional control flow, which the pass
 cannot edit, are named in `QuantizeResult.left_float` with the workaround.
 """
 import dataclasses
-from typing import List, Optional
+from typing import List
 
 from absl import logging
 import tensorflow as tf
@@ -29,17 +31,12 @@ from qat.engine import placement as placement_lib
 from qat.engine import preconditions
 from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
-from qat.fold import layer_calls
-from qat.quantize import control_flow
-from qat.quantize import fixed_ranges
-from qat.quantize import quantizer_batch
-from qat.quantize import replica_stats
-from qat.quantize import worker_ranges
-from qat.quantize import standalone_batch_norm
-from qat.quantize.plan import Plan
-from qat.quantize.plan import Planner
-from qat.quantize.plan import existing_quantizer  # pylint: disable=unused-import
-from qat.quantize.plan import is_quantized_output  # pylint: disable=unused-import
+from qat.quantize.emit import quantizer_batch
+from qat.quantize.emit import standalone_batch_norm
+from qat.quantize.plan import fixed_ranges
+from qat.quantize.plan import replication as replication_lib
+from qat.quantize.plan.planner import Plan
+from qat.quantize.plan.planner import PlannedGraph
 
 
 @dataclasses.dataclass
@@ -55,7 +52,7 @@ class Quantizer:
       per_channel: one range per output channel.
       symmetric: a symmetric range.
       range_name: the name scope of the variables it reads: `name`, or
-        the quantizer whose range it shares (`qat.quantize.shared_ranges`).
+        the quantizer whose range it shares (`qat.quantize.plan.shared_ranges`).
     """
     tensor: tf.Tensor
     output: tf.Tensor
@@ -89,10 +86,6 @@ class QuantizeResult:
     def names(self) -> List[str]:
         """The quantizers' name scopes."""
         return [q.name for q in self.quantizers]
-
-
-def _in_scope_name(name: str, scope: Optional[str]) -> bool:
-    return not scope or name.startswith(scope)
 
 
 def _kind(prefix: str) -> str:
@@ -130,71 +123,21 @@ def _spec(plan: Plan, config: config_lib.RewriteConfig,
         fixed_range=plan.fixed if config.activation_bits == fixed_ranges.FIXED_BITS else None)
 
 
-def insert_quant_ops(graph: Optional[tf.Graph] = None,
-                     is_training: bool = True,
-                     weight_bits: int = 8,
-                     activation_bits: int = 8,
-                     symmetric: bool = False,
-                     per_channel: bool = False,
-                     ema_decay: float = 0.999,
-                     quant_delay: Optional[int] = None,
-                     scope: Optional[str] = None,
-                     vars_collection: Optional[str] = (
-                         tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES),
-                     symmetric_weights: bool = False,
-                     ) -> QuantizeResult:
-    """Inserts FakeQuant ops into `graph` in place (see the module docstring).
-
-    Run after `fold_batch_norms` and before the optimizer's `minimize()`.
-    Running it again on a rewritten graph changes nothing.
-
-    Args:
-      graph: the graph to rewrite; the default graph when None.
-      is_training: True for a training graph (range variables are updated),
-        False for an eval graph (FakeQuant ops read the variables).
-      weight_bits: bit width of weights, 2..8.
-      activation_bits: bit width of activations, 2..8.
-      symmetric: symmetric ranges for weights and activations.
-      per_channel: one weight range per output channel.
-      ema_decay: decay of the activation range moving averages.
-      quant_delay: FakeQuant outputs are used once the quantization step
-        reaches this many steps; None or 0: from the start.
-      scope: only quantize layers (and other ops) whose name starts with it.
-      vars_collection: extra collection for the range variables.
-      symmetric_weights: symmetric (narrow-range) weight ranges even when
-        `symmetric` is False: int8 weights get a zero point of 0, which the
-        int8 TFLite kernels require; activation ranges stay as `symmetric`
-        says (asymmetric by default, no bit wasted after a ReLU).
-
-    Returns:
-      A `QuantizeResult`: the quantizers built and what was left float.
-
-    Raises:
-      ValueError: on bad arguments, if the graph already has optimizer
-        update ops, or was quantized with other settings. The graph is left
-        unchanged.
-      TypeError: for flags of the wrong type.
-      RuntimeError: in eager mode without a graph, or if the graph is
-        finalized.
-    """
-    graph = preconditions.resolve_graph(graph, "insert_quant_ops")
-    config = config_lib.RewriteConfig(
-        is_training=is_training, weight_bits=weight_bits,
-        activation_bits=activation_bits, symmetric=symmetric,
-        per_channel=per_channel, ema_decay=ema_decay, quant_delay=quant_delay,
-        scope=scope, vars_collection=vars_collection,
-        symmetric_weights=symmetric_weights)
-    preconditions.check_no_optimizer_ops(graph)
-    return quantize_graph(graph, config)
-
-
 def quantize_record(config: config_lib.RewriteConfig) -> str:
     # The fold's setting is not the quantize pass's business.
     return dataclasses.replace(config, freeze_bn_delay=None).describe()
 
 
-def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> QuantizeResult:
-    """The pass on a resolved graph with a validated configuration.
+def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: PlannedGraph,
+                    replication: replication_lib.Replication = replication_lib.SINGLE_MODEL
+                    ) -> QuantizeResult:
+    """Builds the quantizers `planned` asks for (see the module docstring).
+
+    Args:
+      graph: the resolved graph the plan was made on, unchanged since.
+      config: the pass's validated configuration.
+      planned: `qat.quantize.plan.plan_quantizers(graph, config, replication)`.
+      replication: how replicas share ranges (the planner's, again).
 
     Raises:
       ValueError: an earlier quantize rewrite with other settings;
@@ -203,18 +146,8 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     """
     record = quantize_record(config)
     done = preconditions.check_previous_rewrite(graph, "quantize", record)
-    layer_calls.inline_layer_calls(graph)  # tf_keras's grouped convs.
-    planner = Planner(graph, config.is_training, config.scope,
-                      config.conv_weights_per_channel(),
-                      per_channel_matmul=config.matmul_weights_per_channel())
-    plans = planner.run()
-    left_float = [LeftFloat(name, reason)
-                  for name, reason in getattr(planner, "left_float", [])]
-    # Layers inside functional control flow (If / While bodies, functions
-    # called from the graph) are not rewritten: each is named.
-    left_float += [LeftFloat(f"{layer.function}/{layer.layer}", layer.describe())
-                   for layer in control_flow.find_function_layers(graph)
-                   if _in_scope_name(layer.call_op, config.scope)]
+    plans = planned.plans
+    left_float = [LeftFloat(name, reason) for name, reason in planned.left_float]
     rewrite = rewrite_lib.Rewrite(graph, marks.QUANTIZER)
     batch = quantizer_batch.QuantizerBatch(rewrite)
     # Training graphs count steps: delays, and ranges that start from the
@@ -222,7 +155,7 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     step = step_counter.step_for(rewrite) if config.is_training or config.quant_delay else None
     placement = placement_lib.Placement(graph)
     specs = [_spec(plan, config, placement) for plan in plans]
-    all_reduce = worker_ranges.for_current_strategy() if config.is_training else None
+    all_reduce = replication.all_reduce() if config.is_training else None
     for spec in specs:
         spec.all_reduce = all_reduce  # Ranges equal on every worker.
     indices = {}   # plan position -> quantizer index
@@ -259,7 +192,7 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     # In eval graphs a standalone batch norm becomes a 1x1 depthwise conv
     # reading its (quantized) input; the quantizer of its output and its
     # other consumers read the conv.
-    standalone = [] if config.is_training else list(planner.standalone_bns)
+    standalone = [] if config.is_training else list(planned.standalone_bns)
     bn_outputs = {bn.outputs[0] for bn in standalone}
 
     def reads_bn_output(k):
@@ -287,7 +220,7 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
         if k not in indices:
             add(k)  # A standalone batch norm that keeps its float form.
     if config.is_training:
-        replica_stats.join_statistics(rewrite, _earlier_members(plans))
+        replication.join_statistics(rewrite, plans)
     batch.finish()
     if not done:
         rewrite.add_to_collection(preconditions.REWRITES_COLLECTION,
@@ -336,16 +269,6 @@ def _zero_guard(nodes, raw: tf.Tensor, quantized: str, prefix: str) -> str:
                          **{marks.ATTR: marks.ZERO_GUARD})
     return nodes.node(scope + "/Select", "SelectV2", [nonzero, quantized, nodes.external(raw)],
                       T=dtype, **{marks.ATTR: marks.ZERO_GUARD})
-
-
-def _earlier_members(plans: List[Plan]) -> dict:
-    """{earlier range's variable scope: the tensors of this call that read it}."""
-    members = {}
-    for plan in plans:
-        if plan.earlier is not None:
-            prefix = plan.earlier[2].op.inputs[0].op.name.rsplit("/", 1)[0]  # <prefix>/min
-            members.setdefault(prefix, []).append(plan.tensor)
-    return members
 
 
 def _warn_unconsumed(tensor: tf.Tensor, quantized: tf.Tensor) -> None:

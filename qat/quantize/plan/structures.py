@@ -1,25 +1,25 @@
 """The planner's structure recognisers and second looks (a mixin of `Planner`).
 
-* Activations written as several ops (`qat.quantize.activation_patterns`:
+* Activations written as several ops (`qat.quantize.plan.activation_patterns`:
   hard-swish, GELU): their interior gets no range, their output one.
 * Dropout (`op_table.dropout_ops`): looked through.
 * Parameters an own-range op computes with (layer-norm gamma and beta, a
   layer scale): weight ranges.
 * Batch norms after no layer: a range, and in eval graphs a 1x1 depthwise
-  conv (`qat.quantize.standalone_batch_norm`).
+  conv (`qat.quantize.emit.standalone_batch_norm`).
 * Ops the converter removes or runs in their input's scale
-  (`qat.quantize.converter_rewrites`): same-scale ops.
+  (`qat.quantize.plan.converter_rewrites`): same-scale ops.
 * Ops visited before their inputs had ranges (a rewrite created the ops
   they read after them): visited again.
 """
 import tensorflow as tf
 
 from qat.matching import layer_patterns
-from qat.quantize import activation_patterns
-from qat.quantize import converter_rewrites
-from qat.quantize import op_table
-from qat.quantize import plan_graph
-from qat.quantize import standalone_batch_norm
+from qat.quantize.plan import activation_patterns
+from qat.quantize.plan import converter_rewrites
+from qat.quantize.plan import op_table
+from qat.quantize.plan import graph as plan_graph
+from qat.matching import standalone_batch_norms
 
 
 class StructurePlanning(object):
@@ -27,7 +27,7 @@ class StructurePlanning(object):
 
     def _same_scale(self, op: tf.Operation) -> bool:
         """Whether `op`'s output has its input's range: a same-scale op, or
-        one the converter removes (`qat.quantize.converter_rewrites`)."""
+        one the converter removes (`qat.quantize.plan.converter_rewrites`)."""
         if op not in self._same_scale_ops:
             self._same_scale_ops[op] = (
                 op.type in op_table.SAME_SCALE_TYPES
@@ -55,7 +55,7 @@ class StructurePlanning(object):
         """The layer output after the constant adds the converter folds into
         its bias (`converter_rewrites.folded_bias_add`); those join the tail."""
         for _ in range(100):
-            readers = self._final_readers(out, exclude)
+            readers = self.final_readers(out, exclude)
             if (len(readers) != 1 or not self._in_scope(readers[0])
                     or readers[0] in self.interior or readers[0] in self.tails
                     or not converter_rewrites.folded_bias_add(readers[0], out, self.is_data)):
@@ -119,7 +119,7 @@ class StructurePlanning(object):
         """Visits again the ops whose inputs had no range yet.
 
         Graph order is creation order: an op an earlier rewrite made (the
-        unfused layer norm of `qat.quantize.layer_norm`) comes after the user
+        unfused layer norm of `qat.prepare.layer_norm`) comes after the user
         ops that read it. Repeated until no new range appears.
         """
         while self._deferred:
@@ -141,12 +141,12 @@ class StructurePlanning(object):
         would, its output `<bn ctx>/bn_quant`, or `<bn ctx>/act_quant` after
         the activation that alone reads it. Eval graphs then replace it by a
         1x1 depthwise conv TFLite runs in integer
-        (`qat.quantize.standalone_batch_norm`).
+        (`qat.quantize.emit.standalone_batch_norm`).
         """
-        if standalone_batch_norm.is_replaced(bn):
+        if standalone_batch_norms.is_replaced(bn):
             return  # An earlier pass moved its consumers to the depthwise form.
         self.standalone_bns.append(bn)
-        x = standalone_batch_norm.data_input(bn, self.is_data)
+        x = standalone_batch_norms.data_input(bn, self.is_data)
         if x is not None:
             self._require(x)
         self._plan_output(bn.outputs[0], plan_graph.context(bn), "bn_quant", -6.0)

@@ -1,7 +1,7 @@
 """contrib's quant_ops: one quantizer at a time, and the quantization delay.
 
 `last_value_quantize` (weights) and `moving_avg_quantize` (activations) build
-a single quantizer with `qat.quantize.quantizer_batch`, which describes the two
+a single quantizer with `qat.quantize.emit.quantizer_batch`, which describes the two
 quantizers, their variables and the ops they add; the passes use its
 `QuantizerBatch` directly to build all of a graph's quantizers at once.
 """
@@ -9,8 +9,8 @@ from typing import Optional
 
 import tensorflow as tf
 
-from qat.quantize import fake_quant_gradient
-from qat.quantize import quantizer_batch
+from qat.quantize.emit import fake_quant_gradient
+from qat.quantize.emit import quantizer_batch
 from qat.engine import step_counter
 
 _DEFAULT_COLLECTION = quantizer_batch.DEFAULT_VARS_COLLECTION

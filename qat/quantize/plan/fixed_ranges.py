@@ -23,8 +23,8 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from qat.quantize import patterns as qp
-from qat.quantize import plan_graph
+from qat.quantize.plan import patterns as qp
+from qat.quantize.plan import graph as plan_graph
 
 # Op type -> (min, max) of its 8-bit output grid (scale (max - min) / 255).
 FIXED_GRIDS = {
@@ -62,7 +62,7 @@ def plan(planner, op: tf.Operation) -> None:
     out = op.outputs[0]
     if grid is None or not plan_graph.is_float(out) or not planner.is_data(op.inputs[0]):
         return
-    readers = [r for r in planner._final_readers(out)  # pylint: disable=protected-access
+    readers = [r for r in planner.final_readers(out)
                if r not in planner.loss and r.type not in qp.METADATA_TYPES]
     if not readers:
         return

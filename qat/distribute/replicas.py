@@ -44,7 +44,7 @@ Called inside the replica function (contrib's model_fn style), the first call
 sees one replica and plans as for one model; a later call finds the earlier
 ranges by their names without the replica scope (`earlier_ranges`): its
 quantizers read them and its batch statistics join their updates
-(`qat.quantize.replica_stats`).
+(`qat.distribute.replica_stats`).
 """
 import collections
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
@@ -52,18 +52,15 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 from absl import logging
 import tensorflow as tf
 
+from qat.distribute import replica_stats
 from qat.engine import marks
 from qat.engine import placement
 from qat.matching import layer_patterns
-from qat.quantize import plan_graph
-from qat.quantize import quantizer_spec
-from qat.quantize import replica_stats
+from qat.matching import tensors
+from qat.quantize.plan.planner import Plan
 
 # How many ops the backward search from a layer's weights visits at most.
 _MAX_WEIGHT_SEARCH = 48
-# Ops that split a batch between replicas (axis 0): an input range is named
-# after the model op behind them, in every replica.
-BATCH_SPLIT_TYPES = frozenset(["Split", "SplitV", "Unpack"])
 
 
 def canonical_variables(graph: tf.Graph) -> Dict[tf.Operation, str]:
@@ -103,7 +100,7 @@ def _weight_key(layer: tf.Operation, names: Dict[tf.Operation, str]
                 key.add(names.get(op, op.name))
             continue
         inputs = list(op.inputs)
-        if marks.made_by_qat(op) and op.type in quantizer_spec.FAKE_QUANT_TYPES:
+        if marks.made_by_qat(op) and op.type in tensors.FAKE_QUANT_TYPES:
             inputs = inputs[:1]  # An earlier call's quantizer: its input only.
         queue.extend(t.op for t in inputs)
     return frozenset(key)
@@ -248,7 +245,6 @@ def share(planner, plans: List) -> List:
 
 def _split_weights_by_device(plans: List, replicas: Replicas) -> List:
     """A weight read by layers on other devices: one plan per device."""
-    from qat.quantize import plan as plan_lib  # pylint: disable=g-import-not-at-top
     added = []
     for plan in plans:
         if not plan.is_weight:
@@ -270,7 +266,7 @@ def _split_weights_by_device(plans: List, replicas: Replicas) -> List:
             scope = replicas.prefixes[k] if k is not None else ""
             tensor = plan.tensor if readers else sharers[0].inputs[1]
             consumers = readers if readers else sharers[:1]
-            added.append(plan_lib.Plan(
+            added.append(Plan(
                 tensor=tensor, prefix=scope + replicas.strip(plan.prefix)[1],
                 is_weight=True, init_min=plan.init_min, consumers=consumers,
                 per_channel=plan.per_channel, depthwise=plan.depthwise,
@@ -281,33 +277,8 @@ def _split_weights_by_device(plans: List, replicas: Replicas) -> List:
 def _independent(replica_layers: List[List[tf.Operation]]) -> bool:
     """No replica's layers feed another's (else a shared update would be a cycle)."""
     for k, layers in enumerate(replica_layers):
-        reached = plan_graph.forward_closure(layers)
+        reached = tensors.forward_closure(layers)
         for j, others in enumerate(replica_layers):
             if j != k and any(op in reached for op in others):
                 return False
     return True
-
-
-def splits_batch(op: tf.Operation) -> bool:
-    """Whether `op` splits a batch along axis 0 (between replicas)."""
-    if op.type not in BATCH_SPLIT_TYPES:
-        return False
-    if op.type == "Unpack":
-        return op.get_attr("axis") == 0
-    axis_input = op.inputs[0] if op.type == "Split" else op.inputs[2]
-    value = tf.get_static_value(axis_input)
-    return value is not None and int(value) == 0
-
-
-def behind_batch_splits(readers: List[tf.Operation], final_readers) -> List[tf.Operation]:
-    """`readers`, with a batch split between replicas replaced by its readers.
-
-    Args:
-      readers: ops reading a tensor that enters the model.
-      final_readers: the planner's `_final_readers` (through Identity, dropout).
-
-    Returns:
-      The model ops the tensor's range is named after.
-    """
-    return [c for r in readers for c in (
-        [c for out in r.outputs for c in final_readers(out)] if splits_batch(r) else [r])]

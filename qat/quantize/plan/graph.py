@@ -15,10 +15,11 @@ from tensorflow.python.framework import tensor_util
 
 from qat.engine import marks
 from qat.matching import layer_patterns
+from qat.matching import tensors
 from qat.matching.matcher import GraphMatcher
-from qat.quantize import embeddings
-from qat.quantize import patterns as qp
-from qat.quantize import quantizer_batch
+from qat.matching.tensors import forward_closure
+from qat.quantize.plan import lookups
+from qat.quantize.plan import patterns as qp
 
 
 def context(op: tf.Operation) -> str:
@@ -40,12 +41,12 @@ def is_float(t: tf.Tensor) -> bool:
 
     A fused batch norm's statistics outputs are not data (only output 0 is).
     """
-    return t.dtype.base_dtype in quantizer_batch.QUANTIZABLE_DTYPES and not (
+    return tensors.is_float(t) and not (
         t.value_index and t.op.type in qp.BATCH_NORM_TYPES)
 
 
 # FakeQuant ops qat did not build (contrib's, hand-made): reused as ranges.
-USER_FAKE_QUANT_TYPES = quantizer_batch.FAKE_QUANT_TYPES | {"FakeQuantWithMinMaxArgs"}
+USER_FAKE_QUANT_TYPES = tensors.FAKE_QUANT_TYPES | {"FakeQuantWithMinMaxArgs"}
 
 
 def existing_quantizer(t: tf.Tensor):
@@ -70,19 +71,6 @@ def is_quantized_output(t: tf.Tensor) -> bool:
     """True if `t` is the output of a quantizer (qat's, or a user's FakeQuant)."""
     return (marks.made_by_qat(t.op, marks.QUANTIZER_OUTPUT)
             or t.op.type in USER_FAKE_QUANT_TYPES)
-
-
-def forward_closure(seeds) -> Set[tf.Operation]:
-    seen = set(seeds)
-    stack = list(seeds)
-    while stack:
-        op = stack.pop()
-        for out in op.outputs:
-            for c in out.consumers():
-                if c not in seen:
-                    seen.add(c)
-                    stack.append(c)
-    return seen
 
 
 def _scales_by_scalar(op: tf.Operation, is_data) -> bool:
@@ -162,7 +150,7 @@ class GraphView(object):
         seeds.extend(op for op in ops if op.type in qp.INPUT_TYPES
                      and any(is_float(o) for o in op.outputs))
         # Integer inputs enter through embedding lookups and casts.
-        self.entries = {op: table for op, table in embeddings.entry_ops(ops).items()
+        self.entries = {op: table for op, table in lookups.entry_ops(ops).items()
                         if op not in self.gradient_ops and (
                             table is not None or self._reaches_layer(op))}
         seeds.extend(self.entries)
@@ -275,7 +263,7 @@ class GraphView(object):
         An op joins the tail when it is a tail type, not in `stop`, and
         every data input it has comes from the tail (the others are
         parameters), so residual adds never join. The tail then
-        ends at a bias add or batch norm (`qat.quantize.patterns.is_tail_end`):
+        ends at a bias add or batch norm (`qat.quantize.plan.patterns.is_tail_end`):
         a Squeeze, Reshape or Identity after it reads the layer output, so
         training and eval graphs put the layer's one range at the same op
         whatever follows it.

@@ -1,7 +1,7 @@
 """Token-id models: the embedding path from integer inputs to the first layer.
 
 A text model starts from integer ids, not from a float input: the planner's
-data path (`qat.quantize.plan_graph.GraphView`) also starts at
+data path (`qat.quantize.plan.graph.GraphView`) also starts at
 
 * embedding lookups: a gather of a float parameter (a variable read or a
   constant, the table) along axis 0 by integer indices (`tf.gather`,
@@ -17,44 +17,21 @@ data path (`qat.quantize.plan_graph.GraphView`) also starts at
   `(1 - mask) * -10000` spans 10^4, and one 8-bit range over the scores
   it is added to would leave them a step of about 40.
 
-A resource variable's `sparse_read` (`ResourceGather`, tf_keras's
-`Embedding`) reads the table inside the gather, where no quantizer can
-reach it: `split_resource_gathers` (run before the passes, in training and
-eval graphs alike) replaces each by `ReadVariableOp` + `GatherV2`, the same
-values and gradients, and leaves the original unconnected and marked.
+A resource variable's lookup (`ResourceGather`) is split into a variable read
+and a GatherV2 before the passes (`qat.prepare.resource_gathers`); one it
+could not split is named in `left_float`.
 """
 from typing import Dict, List, Optional
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.framework import tensor_util
 
 from qat.engine import marks
-from qat.engine import rewrite as rewrite_lib
 from qat.matching import layer_patterns
-from qat.quantize import patterns as qp
+from qat.matching import tensors
+from qat.prepare.resource_gathers import RESOURCE_GATHER_TYPES
+from qat.quantize.plan import patterns as qp
 
 GATHER_TYPES = frozenset(["GatherV2", "Gather"])
-RESOURCE_GATHER_TYPES = frozenset(["ResourceGather"])
-_FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
-
-
-def _is_float(t: tf.Tensor) -> bool:
-    return t.dtype.base_dtype in _FLOAT_DTYPES
-
-
-def _gathers_rows(op: tf.Operation) -> bool:
-    """A gather along axis 0 without batch dimensions (a table lookup)."""
-    if op.type == "GatherV2":
-        axis = tensor_util.constant_value(op.inputs[2])
-        if axis is None or int(axis) != 0:
-            return False
-    try:
-        if op.get_attr("batch_dims"):
-            return False
-    except ValueError:
-        pass
-    return True
 
 
 def lookup_table(op: tf.Operation) -> Optional[tf.Tensor]:
@@ -63,10 +40,10 @@ def lookup_table(op: tf.Operation) -> Optional[tf.Tensor]:
     An embedding lookup gathers rows of a float parameter (a variable read or
     a constant) by integer indices.
     """
-    if op.type not in GATHER_TYPES or not _is_float(op.outputs[0]):
+    if op.type not in GATHER_TYPES or not tensors.is_float(op.outputs[0]):
         return None
     table, indices = op.inputs[0], op.inputs[1]
-    if not indices.dtype.is_integer or not _gathers_rows(op):
+    if not indices.dtype.is_integer or not tensors.gathers_rows(op):
         return None
     if not _is_parameter(table):
         return None
@@ -83,7 +60,7 @@ def _is_parameter(t: tf.Tensor, depth: int = 6) -> bool:
             if layer_patterns.is_parameter(x):
                 return True
             if marks.role(x.op) is not None or x.op.type.startswith("FakeQuantWithMinMax"):
-                nxt.extend(i for i in x.op.inputs if _is_float(i))
+                nxt.extend(i for i in x.op.inputs if tensors.is_float(i))
         frontier = nxt
     return False
 
@@ -119,7 +96,7 @@ def _from_integer_input(t: tf.Tensor, depth: int = 12) -> bool:
 
 def integer_casts(ops: List[tf.Operation]) -> List[tf.Operation]:
     """Casts of integer model inputs (ids, masks; or booleans made of them) to float."""
-    return [op for op in ops if op.type == "Cast" and _is_float(op.outputs[0])
+    return [op for op in ops if op.type == "Cast" and tensors.is_float(op.outputs[0])
             and _is_integer(op.inputs[0]) and _from_integer_input(op.inputs[0])]
 
 
@@ -134,49 +111,9 @@ def entry_ops(ops: List[tf.Operation]) -> Dict[tf.Operation, Optional[tf.Tensor]
         table = lookup_table(op)
         if table is not None:
             found[op] = table
-        elif (op.type in RESOURCE_GATHER_TYPES and _is_float(op.outputs[0])
+        elif (op.type in RESOURCE_GATHER_TYPES and tensors.is_float(op.outputs[0])
               and not marks.is_replaced(op)):
             found[op] = None
     for op in integer_casts(ops):
         found[op] = None
     return found
-
-
-def split_resource_gathers(graph: tf.Graph) -> int:
-    """Replaces each float `ResourceGather` by `ReadVariableOp` + `GatherV2`.
-
-    Only row lookups (no batch dimensions) are split; the others stay and
-    are named by the planner's `left_float`.
-
-    Args:
-      graph: the graph to rewrite (training or eval).
-
-    Returns:
-      How many lookups were replaced.
-    """
-    rewrite = rewrite_lib.Rewrite(graph, marks.EMBEDDING)
-    count = 0
-    for op in graph.get_operations():
-        if (op.type not in RESOURCE_GATHER_TYPES or marks.is_replaced(op)
-                or not _is_float(op.outputs[0]) or not _gathers_rows(op)):
-            continue
-        dtype = op.get_attr("dtype")
-        # The table's shape: the ops of the scratch graph cannot see the
-        # resource's handle data.
-        rows = op.outputs[0].shape[op.inputs[1].shape.rank:] \
-            if op.inputs[1].shape.rank is not None else None
-
-        def build(handle, ids, dtype=dtype, rows=rows):
-            table = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
-            if rows is not None:
-                table.set_shape(tf.TensorShape([None]).concatenate(rows))
-            return [tf.gather(table, ids, axis=0)]
-
-        out = rewrite.nodes.python_ops(op.name + "_split", list(op.inputs), build,
-                                       device=op.device, mark=marks.EMBEDDING)[0]
-        rewrite.reroute_consumers(op.outputs[0], out, op.outputs[0].consumers())
-        rewrite.set_attr(op, marks.REPLACED_BY_ATTR,
-                         attr_value_pb2.AttrValue(s=out.encode()))
-        count += 1
-    rewrite_lib.apply(rewrite)
-    return count

@@ -70,11 +70,11 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from qat.quantize import clamps
-from qat.quantize import converter_rewrites
-from qat.quantize import op_table
-from qat.quantize import patterns as qp
-from qat.quantize import plan_graph
+from qat.quantize.plan import clamps
+from qat.quantize.plan import converter_rewrites
+from qat.quantize.plan import op_table
+from qat.quantize.plan import patterns as qp
+from qat.quantize.plan import graph as plan_graph
 
 CONCAT_TYPES = frozenset(["ConcatV2", "Concat"])
 # Ops TFLite runs with their input's scale and a rounded output.

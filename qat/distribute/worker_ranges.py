@@ -12,7 +12,7 @@ So, when the rewrite runs under such a strategy (inside `strategy.scope()`
 or a replica function), each range update all-reduces its batch min and max
 across the workers before the moving-average step (`CollectiveReduceV2`,
 merge op Min and Max, on the worker's first device), after the worker's own
-replicas were combined (`qat.quantize.replicas`). Every worker then applies
+replicas were combined (`qat.distribute.replicas`). Every worker then applies
 the same update to the same initial value: the ranges stay equal, step after
 step, and follow the same combination rule as replicas in one process (the
 min of all mins, the max of all maxes; exact, so order-independent). The
@@ -67,7 +67,7 @@ def for_current_strategy() -> Optional[WorkerAllReduce]:
 
     Returns:
       None outside a strategy, or when it has one worker (MirroredStrategy:
-      `qat.quantize.replicas` combines its replicas in the graph).
+      `qat.distribute.replicas` combines its replicas in the graph).
     """
     if not tf.distribute.has_strategy():
         return None

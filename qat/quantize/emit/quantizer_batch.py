@@ -1,7 +1,7 @@
 """Quantizers: the FakeQuant ops and the range variables that feed them.
 
 `QuantizerSpec` says what to build, `QuantizerBatch` builds many at once;
-`qat.quantize.quant_ops` has contrib's one-at-a-time functions on top of them.
+`qat.quantize.emit.quant_ops` has contrib's one-at-a-time functions on top of them.
 
 Two quantizers, as in `tf.contrib.quantize`:
 
@@ -10,7 +10,7 @@ Two quantizers, as in `tf.contrib.quantize`:
 * moving average (activations): an exponential moving average of the batch
   min and max, not narrow.
 
-Shared ranges (`qat.quantize.shared_ranges`): a spec with `range_of` reads an
+Shared ranges (`qat.quantize.plan.shared_ranges`): a spec with `range_of` reads an
 earlier quantizer's range instead of owning variables (as that quantizer's
 FakeQuant reads it, or, with `range_before_update`, the variables as they were
 before this step's update); `statistics_of` adds further tensors' batch min
@@ -21,14 +21,14 @@ Each quantizer owns two non-trainable variables `<prefix>/min` and
 GLOBAL_VARIABLES and MOVING_AVERAGE_VARIABLES. In a training graph assign ops
 update them and their results feed the FakeQuant; in an eval graph the same
 FakeQuant op reads the variables and nothing updates them. Training
-FakeQuants carry the input-only gradient of `qat.quantize.fake_quant_gradient`.
+FakeQuants carry the input-only gradient of `qat.quantize.emit.fake_quant_gradient`.
 
 The moving average is `v -= rate * (v - x)`. contrib zero-debiased it with
 hidden `.../biased` and `.../local_step` variables that made float
 checkpoints fail to restore (tensorflow#26664, #20867); here no variable is
 added: given the quantization step t (`init_from_first_batch`), the rate is
 (1 - decay) / (1 - decay^t), the same debiased average with the shared step
-counter (`qat.quantize.range_updates`); without it, 1 - decay.
+counter (`qat.quantize.emit.range_updates`); without it, 1 - decay.
 
 Speed: a rewrite adds ~30 ops per quantizer, and TensorFlow's Python op
 constructors cost about a millisecond each, which made MobileNetV2 rewrites
@@ -45,20 +45,20 @@ import tensorflow as tf
 from qat.engine import marks
 from qat.engine import range_variables
 from qat.engine import rewrite as rewrite_lib
-from qat.quantize import fake_quant_gradient
-from qat.quantize import range_updates
+from qat.quantize.emit import fake_quant_gradient
+from qat.quantize.emit import range_updates
 
 # pylint: disable=unused-import
-from qat.quantize.quantizer_spec import DEFAULT_VARS_COLLECTION
-from qat.quantize.quantizer_spec import FAKE_QUANT_NAME
-from qat.quantize.quantizer_spec import FAKE_QUANT_TYPES
-from qat.quantize.quantizer_spec import LOW_PRECISION_DTYPES
-from qat.quantize.quantizer_spec import MAX_NUM_BITS
-from qat.quantize.quantizer_spec import MIN_NUM_BITS
-from qat.quantize.quantizer_spec import QUANTIZABLE_DTYPES
-from qat.quantize.quantizer_spec import QuantizerSpec
-from qat.quantize.quantizer_spec import low_precision_dtype
-from qat.quantize.quantizer_spec import validate_num_bits
+from qat.quantize.emit.quantizer_spec import DEFAULT_VARS_COLLECTION
+from qat.quantize.emit.quantizer_spec import FAKE_QUANT_NAME
+from qat.quantize.emit.quantizer_spec import FAKE_QUANT_TYPES
+from qat.quantize.emit.quantizer_spec import LOW_PRECISION_DTYPES
+from qat.quantize.emit.quantizer_spec import MAX_NUM_BITS
+from qat.quantize.emit.quantizer_spec import MIN_NUM_BITS
+from qat.quantize.emit.quantizer_spec import QUANTIZABLE_DTYPES
+from qat.quantize.emit.quantizer_spec import QuantizerSpec
+from qat.quantize.emit.quantizer_spec import low_precision_dtype
+from qat.quantize.emit.quantizer_spec import validate_num_bits
 # pylint: enable=unused-import
 
 _FLOAT = tf.float32

@@ -35,7 +35,7 @@ constant (`(x - mean) / std` normalisation) becomes a MUL by the constant's
 reciprocal, an own-range op (`is_constant_division`).
 
 Clamps by a constant written with `tf.maximum` / `tf.minimum`
-(`qat.quantize.clamps`): `Maximum(x, 0)` is a RELU, fused like one; other
+(`qat.quantize.plan.clamps`): `Maximum(x, 0)` is a RELU, fused like one; other
 clamps run in their input's scale (same-scale ops).
 
 Where a shape or a constant is not known statically (a dynamic spatial size,
@@ -48,7 +48,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
-from qat.quantize import clamps
+from qat.quantize.plan import clamps
 
 # Element-wise ops the converter removes when the constant operand is
 # neutral: op type -> (neutral value, whether the constant may be operand 0).

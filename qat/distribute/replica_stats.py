@@ -2,7 +2,7 @@
 
 Called inside a replica function (contrib's model_fn style, once per
 replica), the first call builds the ranges of replica 0; each later call
-finds them by name (`qat.quantize.replicas` strips the replica scope) and
+finds them by name (`qat.distribute.replicas` strips the replica scope) and
 its quantizers read them. In training, the later replica's batch statistics
 join the earlier range's update: the consumers of the earlier quantizer's
 batch max (min) read the maximum (minimum) of it and the new replica's, so
@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from qat.engine import marks
 from qat.engine import placement
-from qat.quantize import quantizer_spec
+from qat.matching.tensors import FAKE_QUANT_TYPES
 
 _FLOAT = tf.float32
 # (earlier quantizer's op name, reduction, combination) per side of a range.
@@ -32,7 +32,7 @@ def earlier_ranges(graph: tf.Graph) -> Dict[str, Tuple[tf.Tensor, ...]]:
     """
     found = {}
     for op in graph.get_operations():
-        if op.type not in quantizer_spec.FAKE_QUANT_TYPES or not marks.made_by_qat(op):
+        if op.type not in FAKE_QUANT_TYPES or not marks.made_by_qat(op):
             continue
         variable = placement.variable_op(op.inputs[1], max_ops=8)
         if variable is None or not variable.name.endswith("/min"):

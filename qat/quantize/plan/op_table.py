@@ -25,7 +25,7 @@ Structures matched as a whole (patterns, in `qat.matching.matcher` style):
 
 * Activations written as several ops that the converter turns into one
   integer op when nothing is quantized inside (HARD_SWISH, GELU): declared in
-  `qat.quantize.activation_patterns`; only their output gets a range.
+  `qat.quantize.plan.activation_patterns`; only their output gets a range.
 * DROPOUT, `Select(random >= rate, x * scale, 0)`, and DROP_PATH,
   `x / keep * floor(keep + random)` (stochastic depth): exist in training graphs
   only; looked through (like a same-scale op) so that training and eval
