@@ -52,7 +52,7 @@ def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
       rows_spec: (label, eval tensor, candidate TF op names) per row, in
         graph order.
       values: the eval graph's value of each row (for its shape).
-      tflite: `run_tflite_tensors`' result.
+      tflite: `qat.report.model_runs.run_tflite_tensors`' result.
       graph_ops: the eval graph's op names.
 
     A row takes a tensor of its shape named after its first candidate TF op
