@@ -201,7 +201,7 @@ def fold_batch_norms(graph: Optional[tf.Graph] = None,
         the batch-norm and the folded output with a functional `tf.cond` (an
         If op whose true branch holds BiasAdd_Fold) instead of a Select, so
         only one branch runs (faster steps before the freeze;
-        `tools/bench_fold.py --step_time_steps=N` measures both tails).
+        `bench/bench_fold.py --step_time_steps=N` measures both tails).
         Without a delay there is nothing to choose and it changes nothing.
 
     Returns:

@@ -1,4 +1,4 @@
-"""Clamps by a constant written with tf.maximum / tf.minimum (qat/quantize/clamps.py).
+"""Clamps by a constant written with tf.maximum / tf.minimum (qat/quantize/plan/clamps.py).
 
 `Maximum(x, 0)` is a RELU the converter fuses into the layer it alone reads;
 other clamps (`Minimum(x, 6)`, `Maximum(x, -1)`) run in their input's scale.

@@ -1,4 +1,4 @@
-"""Range survival of the converter's rewrites (qat/quantize/converter_rewrites.py).
+"""Range survival of the converter's rewrites (qat/quantize/plan/converter_rewrites.py).
 
 Each network holds one rewrite TensorFlow's TFLite converter makes to
 quantized graphs (an op it removes, a requantize it merges into the op

@@ -1,4 +1,4 @@
-"""Fixed-range outputs read by the model (qat/quantize/fixed_ranges.py).
+"""Fixed-range outputs read by the model (qat/quantize/plan/fixed_ranges.py).
 
 A sigmoid gating a squeeze-excite multiply, a tanh gate, a softmax read by a
 matmul: TFLite's integer kernels write these on a fixed grid (LOGISTIC and

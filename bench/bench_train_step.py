@@ -12,8 +12,8 @@ folding. On a shared machine
 the load drifts during a run; the median of the per-round ratios (each QAT
 step over the float step just before it) and its quartiles show how much.
 
-  .venv/bin/python tools/bench_train_step.py
-  .venv/bin/python tools/bench_train_step.py --steps=50 --batch_size=32
+  .venv/bin/python bench/bench_train_step.py
+  .venv/bin/python bench/bench_train_step.py --steps=50 --batch_size=32
 """
 import os
 import statistics

@@ -1,22 +1,22 @@
 """Runs the property-based invariants over many random small networks.
 
-    .venv/bin/python tools/property_check.py --examples=10000 --seed=0
-    .venv/bin/python tools/property_check.py --suite=converter --examples=1000 --seed=0
+    .venv/bin/python tools/property/check.py --examples=10000 --seed=0
+    .venv/bin/python tools/property/check.py --suite=converter --examples=1000 --seed=0
 
 Two suites. "rewrite" (the default) checks the rewrites themselves:
 
-Hypothesis draws the networks (tools/_property_networks.py: depth 1-6; conv,
+Hypothesis draws the networks (tools/property/networks.py: depth 1-6; conv,
 depthwise, dense, atrous; bias or not; batch norm fused, unfused or none;
 ReLU, ReLU6, LeakyReLU or none; residual adds; concats with the block input
 or the network input) from a fixed seed; each is checked against every
-invariant of tools/_property_invariants.py. A progress line is printed every
+invariant of tools/property/invariants.py. A progress line is printed every
 --progress_every examples; at the end, the count of violations per invariant
 and, for each violated one, the smallest violating network (greedily shrunk
 further within --shrink_budget checks). --time_limit_s stops early and says so.
 Exit status 1 on any violation, 0 otherwise.
 
 "converter" puts TensorFlow's TFLite converter in the loop
-(tools/_converter_networks.py, tools/_converter_invariants.py): networks of
+(tools/property/converter_networks.py, tools/property/converter_invariants.py): networks of
 spatial sizes down to 1x1 with input pre-processing, pools, global pools,
 squeeze-excite blocks, resizes into concatenations, logits and softmax heads
 (--grouped: grouped convolutions too) are trained a few steps, restored
@@ -44,9 +44,10 @@ from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
 import hypothesis  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tools import _property_invariants as invariants  # pylint: disable=g-import-not-at-top
-from tools import _property_networks as networks  # pylint: disable=g-import-not-at-top
+# The checkout's root (tools/property/ is two levels below it): `tools.property` imports.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tools.property import invariants  # pylint: disable=g-import-not-at-top
+from tools.property import networks  # pylint: disable=g-import-not-at-top
 
 SUITES = ("rewrite", "converter")
 
@@ -86,8 +87,8 @@ class Suite:
 def make_suite(name: str, grouped: bool = False) -> Suite:
     """The suite called `name` (see SUITES)."""
     if name == "converter":
-        from tools import _converter_invariants as conv_invariants  # pylint: disable=g-import-not-at-top
-        from tools import _converter_networks as conv_networks  # pylint: disable=g-import-not-at-top
+        from tools.property import converter_invariants as conv_invariants  # pylint: disable=g-import-not-at-top
+        from tools.property import converter_networks as conv_networks  # pylint: disable=g-import-not-at-top
         return Suite(conv_invariants.INVARIANTS,
                      lambda depth: conv_networks.conv_networks(depth, grouped=grouped),
                      conv_invariants.violations, conv_networks.shrink, 4)

@@ -17,8 +17,8 @@ with `RunOptions(trace_level=FULL_TRACE)` and the largest
 `allocator_bytes_in_use` in the step stats is printed too.
 
 Usage:
-  .venv/bin/python tools/bench_gradient_checkpointing.py --model=mlp
-  .venv/bin/python tools/bench_gradient_checkpointing.py --model=conv --depth=24
+  .venv/bin/python bench/bench_gradient_checkpointing.py --model=mlp
+  .venv/bin/python bench/bench_gradient_checkpointing.py --model=conv --depth=24
 """
 import os
 import time

@@ -16,8 +16,8 @@ stay flat as the graph grows from 10k to 100k ops. The last lines print the
 100k/10k ratios of those figures (about 1.0 means linear).
 
 Usage:
-  .venv/bin/python tools/bench_graph_editor.py
-  .venv/bin/python tools/bench_graph_editor.py --sizes=10000,100000 --reroutes=1000
+  .venv/bin/python bench/bench_graph_editor.py
+  .venv/bin/python bench/bench_graph_editor.py --sizes=10000,100000 --reroutes=1000
 """
 import os
 import time

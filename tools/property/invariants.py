@@ -1,6 +1,6 @@
 """The invariants the property-based checks hold qat's rewrites to.
 
-`check_network(net)` builds a `tools._property_networks.Network` twice (eval
+`check_network(net)` builds a `tools.property.networks.Network` twice (eval
 and training mode), rewrites both and returns, for each invariant of
 `INVARIANTS`, None when it holds or a message saying how it was violated:
 
@@ -42,7 +42,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 import qat
 from qat.engine import marks
-from tools import _property_networks as networks
+from tools.property import networks
 
 INVARIANTS = (
     "rewrite_succeeds",

@@ -21,7 +21,7 @@ A dense layer after 4-D blocks flattens its input first; later blocks are
 dense too. Batch norms come from `tf.compat.v1.layers.batch_normalization`
 (fused or unfused) with random moving statistics, gamma and beta, so an eval
 fold has something to fold. Used by tests/property_test.py and
-tools/property_check.py.
+tools/property/check.py.
 """
 import dataclasses
 import os

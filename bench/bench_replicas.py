@@ -16,15 +16,18 @@ median step times and two ratios from the one run:
 and the medians of the per-round ratios (each round times the three graphs one
 after the other), which drift less with the load of a shared machine.
 
-  .venv/bin/python tools/bench_replicas.py
-  .venv/bin/python tools/bench_replicas.py --style=mirrored --batch_size=32 --image_size=32
+  .venv/bin/python bench/bench_replicas.py
+  .venv/bin/python bench/bench_replicas.py --style=mirrored --batch_size=32 --image_size=32
 """
 import os
+import sys
 import statistics
 import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The checkout's root, for the model builders under tools/ (`from tools import ...`).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # pylint: disable=g-import-not-at-top
 
@@ -38,7 +41,7 @@ flags.DEFINE_enum("style", "towers", ["towers", "mirrored"],
 
 
 def _graph(replicas: int, quantize: bool):
-    import _replica_models as models  # pylint: disable=g-import-not-at-top
+    from tools import _replica_models as models  # pylint: disable=g-import-not-at-top
     size = (FLAGS.image_size, FLAGS.image_size, 3)
     per_replica = FLAGS.batch_size * 2 // replicas
     if FLAGS.style == "mirrored":

@@ -1,6 +1,6 @@
 """The converter-in-the-loop invariants: the eval graph is the integer model.
 
-`check_network(net)` takes a `tools._converter_networks.ConvNet` the way a
+`check_network(net)` takes a `tools.property.converter_networks.ConvNet` the way a
 user would: the training graph is built and rewritten
 (`experimental_create_training_graph(symmetric_weights=True)`), trained a
 few steps (activation ranges and batch-norm statistics from the batches),
@@ -36,7 +36,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 import qat
 from qat import export
 from qat import report
-from tools import _converter_networks as networks
+from tools.property import converter_networks as networks
 
 INVARIANTS = (
     "pipeline_succeeds",

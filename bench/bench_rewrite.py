@@ -25,10 +25,10 @@ Before each timed call the garbage of the graphs built earlier in the run is
 collected (gc.collect(), untimed): otherwise a full collection of those
 graphs (~0.3 s with a few Keras graphs alive) lands in a random timing.
 
-  .venv/bin/python tools/bench_rewrite.py
-  .venv/bin/python tools/bench_rewrite.py --models= --sizes=3000,30000
+  .venv/bin/python bench/bench_rewrite.py
+  .venv/bin/python bench/bench_rewrite.py --models= --sizes=3000,30000
   git worktree add /tmp/qat-before <commit>
-  .venv/bin/python tools/bench_rewrite.py --sizes= --compare_with=/tmp/qat-before
+  .venv/bin/python bench/bench_rewrite.py --sizes= --compare_with=/tmp/qat-before
 """
 import gc
 import json

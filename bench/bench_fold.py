@@ -7,8 +7,8 @@ and the graph's op count before and after, for each model and mode. With
 --repeats N each measurement builds a fresh graph N times and reports the
 median fold time.
 
-  .venv/bin/python tools/bench_fold.py
-  .venv/bin/python tools/bench_fold.py --models=resnet50 --repeats=3
+  .venv/bin/python bench/bench_fold.py
+  .venv/bin/python bench/bench_fold.py --models=resnet50 --repeats=3
 """
 import os
 import statistics

@@ -17,15 +17,18 @@ issue #26, rebuilt here for the comparison. Models: the issue's BERT-style
 encoders on "does token 7 occur?" (bert_nn, bert_keras), the digits demo's
 model (demo), a small CNN without batch norm on the digits (cnn).
 
-  .venv/bin/python tools/range_rule_bench.py --model=bert_nn --steps=100 --eval_at=25,50
-  .venv/bin/python tools/range_rule_bench.py --model=cnn --steps=400 --runs=float,scratch,finetune
+  .venv/bin/python bench/range_rule_bench.py --model=bert_nn --steps=100 --eval_at=25,50
+  .venv/bin/python bench/range_rule_bench.py --model=cnn --steps=400 --runs=float,scratch,finetune
 """
 import os
+import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The checkout's root, for the model builders under tools/ (`from tools import ...`).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 from absl import app, flags  # pylint: disable=g-import-not-at-top
