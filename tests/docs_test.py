@@ -201,6 +201,8 @@ def check_command(command: str):
             continue
         tool, is_py = match.group(1), bool(match.group(2))
         path = os.path.join(ROOT, tool + (".py" if is_py else ""))
+        if os.path.isdir(path):
+            continue  # A package (`//tools/property`), not a command.
         if not os.path.exists(path):
             problems.append(f"{tool}{'.py' if is_py else ''} does not exist")
             continue
