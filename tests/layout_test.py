@@ -233,6 +233,12 @@ class ImportLayoutTest(absltest.TestCase):
                 long.append(f"{module}: {count} lines")
         self.assertEqual(long, [])
 
+    def test_every_package_has_an_init(self):
+        # setuptools (`pip install .`) installs only directories with an __init__.py.
+        missing = [os.path.relpath(d, ROOT) for d, _, files in os.walk(QAT_DIR)
+                   if any(f.endswith(".py") for f in files) and "__init__.py" not in files]
+        self.assertEqual(missing, [])
+
     def test_the_checks_can_fail(self):
         # An arrow back up, a cycle, and modules of no room are caught.
         made_up = {"qat.prepare.x": {"qat.fold.y"}, "qat.fold.y": {"qat.prepare.x"}}
