@@ -20,7 +20,7 @@ quantizer's output. Layers inside functional control flow, which the pass
 cannot edit, are named in `QuantizeResult.left_float` with the workaround.
 """
 import dataclasses
-from typing import List
+from typing import List, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -34,6 +34,7 @@ from qat.engine import step_counter
 from qat.quantize.emit import quantizer_batch
 from qat.quantize.emit import standalone_batch_norm
 from qat.quantize.plan import fixed_ranges
+from qat.quantize.plan import kernel_preconditions
 from qat.quantize.plan import replication as replication_lib
 from qat.quantize.plan.planner import Plan
 from qat.quantize.plan.planner import PlannedGraph
@@ -167,15 +168,25 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
         """Plans whose quantizers quantizer `k` reads (shared ranges)."""
         return [position[id(plans[k].shared)]] if plans[k].shared is not None else []
 
+    adding = set()  # Quantizers being added (their floors' ranges first).
+
     def add(k, input_ref=None):
         if k in indices:
             return
         plan = plans[k]
         spec = specs[k]
+        adding.add(k)
         for j in depends(k):  # The plan whose range this one reads.
             add(j)
             spec.range_of = indices[j]
             spec.range_before_update = plan.before_update
+        if config.is_training and plan.requirements:
+            # The ranges its kernel floors read are built first.
+            for j in _floor_plans(plan, position):
+                if j not in adding:
+                    add(j)
+            spec.floors = tuple(_floors(plan, position, specs, indices))
+        adding.discard(k)
         spec.statistics_of = tuple(plan.members)
         spec.earlier_range = plan.earlier  # A replica's range from an earlier call.
         indices[k] = batch.add(spec, step, input_ref=input_ref)
@@ -239,6 +250,58 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
     for item in left_float:
         logging.warning("qat: left float: %s (%s)", item.name, item.reason)
     return QuantizeResult(quantizers=quantizers, left_float=left_float)
+
+
+def _floor_plans(plan: Plan, position) -> List[int]:
+    """Positions of the plans whose ranges `plan`'s kernel floors read."""
+    return [position[id(s)] for req in plan.requirements for s in req.sources()
+            if not isinstance(s, tf.Operation)]
+
+
+def _range_input(source, position, specs, indices, lagged: bool
+                 ) -> Optional[quantizer_batch.RangeInput]:
+    """A floor's `RangeInput` for a plan (built already) or a FakeQuant op."""
+    if isinstance(source, tf.Operation):
+        bits, narrow = int(source.get_attr("num_bits")), bool(source.get_attr("narrow_range"))
+        levels = kernel_preconditions.levels(bits, narrow)
+        per_channel = source.type.endswith("PerChannel")
+        if source.type == "FakeQuantWithMinMaxArgs":
+            return quantizer_batch.RangeInput(
+                constant=(source.get_attr("min"), source.get_attr("max")), levels=levels)
+        channels = source.inputs[1].shape.num_elements() if per_channel else None
+        return quantizer_batch.RangeInput(tensors=(source.inputs[1], source.inputs[2]),
+                                          levels=levels, per_channel=per_channel,
+                                          channels=channels)
+    j = position[id(source)]
+    if j not in indices:
+        return None  # A cycle of floors: never built before this one.
+    spec = specs[j]
+    channels = None
+    if spec.per_channel:
+        shape = spec.channel_reshape or spec.inputs.shape.as_list()
+        channels = shape[-1]
+    return quantizer_batch.RangeInput(
+        index=indices[j], levels=kernel_preconditions.levels(spec.num_bits, spec.narrow_range),
+        per_channel=spec.per_channel, channels=channels,
+        before_update=lagged and spec.fixed_range is None)
+
+
+def _floors(plan: Plan, position, specs, indices) -> List[quantizer_batch.WidthFloor]:
+    """The width floors of `plan`'s requirements, for its quantizer spec."""
+    floors = []
+    for req in plan.requirements:
+        pre = req.precondition
+        ranges = [_range_input(s, position, specs, indices, req.lagged) for s in req.ranges]
+        weights = (_range_input(req.weights, position, specs, indices, req.lagged)
+                   if req.weights is not None else None)
+        if any(r is None for r in ranges) or (pre.form == kernel_preconditions.BIAS
+                                              and weights is None):
+            logging.warning("qat: %s precondition of '%s' not enforced: its ranges form a "
+                            "cycle", pre.name, plan.prefix)
+            continue
+        floors.append(quantizer_batch.WidthFloor(pre.name, pre.form, pre.bound, tuple(ranges),
+                                                 weights, req.bias))
+    return floors
 
 
 # Ops infinite at 0. TFLite's integer RSQRT gives its output range's top for

@@ -57,6 +57,8 @@ from qat.quantize.emit.quantizer_spec import MAX_NUM_BITS
 from qat.quantize.emit.quantizer_spec import MIN_NUM_BITS
 from qat.quantize.emit.quantizer_spec import QUANTIZABLE_DTYPES
 from qat.quantize.emit.quantizer_spec import QuantizerSpec
+from qat.quantize.emit.quantizer_spec import RangeInput
+from qat.quantize.emit.quantizer_spec import WidthFloor
 from qat.quantize.emit.quantizer_spec import low_precision_dtype
 from qat.quantize.emit.quantizer_spec import validate_num_bits
 # pylint: enable=unused-import

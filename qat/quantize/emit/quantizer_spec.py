@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from qat.engine import config as config_lib
 from qat.matching import tensors
+from qat.quantize.plan import layer_bias as layer_bias_lib
 
 # Name of the FakeQuant op inside each quantizer's scope (contrib's names).
 FAKE_QUANT_NAME = "FakeQuantWithMinMaxVars"
@@ -41,6 +42,48 @@ def validate_num_bits(num_bits: int, what: str = "num_bits",
         raise ValueError(
             f"{what} must be an integer between {low} and {high} "
             f"(FakeQuant supports that range), got {num_bits!r}.")
+
+
+@dataclasses.dataclass
+class RangeInput:
+    """A range a width floor reads: a quantizer of the batch, or a FakeQuant's.
+
+    Attributes:
+      index: a quantizer of the same batch (added earlier): the range its
+        FakeQuant reads, updated this step (or, `before_update`, as the
+        variables were before the update).
+      tensors: the (min, max) tensors of a FakeQuant already in the graph.
+      constant: the (min, max) of a FakeQuantWithMinMaxArgs.
+      levels: its quantization steps (2^b - 1; 2^b - 2 when narrow).
+      per_channel: min and max are vectors (reduced to their widest scale,
+        or per channel for a layer's weights).
+      channels: with `per_channel`, their length when known.
+      before_update: see `index`.
+    """
+    index: Optional[int] = None
+    tensors: Optional[Tuple[tf.Tensor, tf.Tensor]] = None
+    constant: Optional[Tuple[float, float]] = None
+    levels: int = 255
+    per_channel: bool = False
+    channels: Optional[int] = None
+    before_update: bool = False
+
+
+@dataclasses.dataclass
+class WidthFloor:
+    """A lower bound on a moving-average range's width: a TFLite kernel's precondition.
+
+    `qat.quantize.plan.kernel_preconditions` declares the forms; with L the
+    steps of the floored range, its width must reach `bound * L * X`, X being
+    max(s_in) (RATIO), max(s_in)^2 (SQUARE), max_c(|bias_c| / s_w,c) (BIAS)
+    or 1 (MINIMUM), where s = width / levels of each `RangeInput`.
+    """
+    name: str
+    form: str
+    bound: float
+    ranges: Tuple[RangeInput, ...] = ()
+    weights: Optional[RangeInput] = None
+    bias: Optional["layer_bias_lib.LayerBias"] = None
 
 
 @dataclasses.dataclass
@@ -87,6 +130,9 @@ class QuantizerSpec:
         concatenation's group).
       fixed_range: a constant (min, max) instead of variables
         (`qat.quantize.plan.fixed_ranges`): no variables, no updates.
+      floors: in training, lower bounds on the moving-average range's width
+        (TFLite kernel preconditions, `qat.quantize.emit.range_floors`),
+        applied after the moving average: the assigned range meets them.
     """
     inputs: tf.Tensor
     prefix: str
@@ -112,6 +158,7 @@ class QuantizerSpec:
     earlier_range: Optional[Tuple[tf.Tensor, ...]] = None
     all_reduce: Optional[object] = None
     fixed_range: Optional[Tuple[float, float]] = None
+    floors: Tuple[WidthFloor, ...] = ()
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""

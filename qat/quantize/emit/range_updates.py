@@ -7,6 +7,8 @@ or, when the quantization step t is given, the bias-corrected (1 - decay) /
 Symmetric ranges widen one side; a concatenation's group (`statistics_of`)
 takes the min and max over every member. An empty activation batch range (a
 dead ReLU's [0, 0]) becomes `EMPTY_RANGE_WIDTH` wide (`RangeUpdates._widen_empty`).
+A range a TFLite kernel constrains (`QuantizerSpec.floors`) is widened after
+the moving average to the floors of `qat.quantize.emit.range_floors`.
 Each method writes NodeDefs through `QuantizerBatch`'s helpers and returns the
 names of the range's (min, max).
 """
@@ -14,6 +16,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from qat.quantize.emit import range_floors
 from qat.quantize.emit.quantizer_spec import low_precision_dtype
 
 _FLOAT = tf.float32
@@ -30,7 +33,7 @@ _INT64 = tf.int64
 EMPTY_RANGE_WIDTH = 1e-2
 
 
-class RangeUpdates(object):
+class RangeUpdates(range_floors.RangeFloors):
     """Mixin of `qat.quantize.emit.quantizer_batch.QuantizerBatch` (uses its NodeDef helpers)."""
 
     def _updates(self, spec, p, x, rank, min_var, max_var, step):
@@ -77,6 +80,8 @@ class RangeUpdates(object):
         if spec.moving_average:
             rate = self._ema_rate(float(spec.ema_decay), step if spec.init_from_first_batch
                                   else None)
+            if spec.floors and not spec.per_channel:
+                return self._floored_ema(spec, p, min_var, max_var, lo, hi, rate)
             lo = self._ema(p + "/AssignMinEma", min_var, lo, rate)
             hi = self._ema(p + "/AssignMaxEma", max_var, hi, rate)
         else:
@@ -178,13 +183,36 @@ class RangeUpdates(object):
         return new_lo, new_hi
 
     def _ema(self, scope, var, value, rate):
+        _, delta = self._ema_delta(scope, var, value, rate)
+        return self._variables_emitter.assign_sub(scope, var, delta,
+                                                  device=self._variable_device)
+
+    def _ema_delta(self, scope, var, value, rate):
+        """(the value before the update, the moving average's delta)."""
         # The value before the update: the update's data dependency on it
         # orders the two.
-        emitter = self._variables_emitter
-        read = emitter.before_update(var, self._variable_device)
+        read = self._variables_emitter.before_update(var, self._variable_device)
         sub = self._node(scope + "/sub", "Sub", [read, value], T=_FLOAT)
-        delta = self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
-        return emitter.assign_sub(scope, var, delta, device=self._variable_device)
+        return read, self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
+
+    def _floored_ema(self, spec, p, min_var, max_var, lo, hi, rate):
+        """The moving average, then the kernel floors (`range_floors`), assigned."""
+        reads, targets = [], []
+        for scope, var, value in ((p + "/AssignMinEma", min_var, lo),
+                                  (p + "/AssignMaxEma", max_var, hi)):
+            read, delta = self._ema_delta(scope, var, value, rate)
+            reads.append(read)
+            targets.append(self._node(scope + "/average", "Sub", [read, delta], T=_FLOAT))
+        targets = self._apply_floors(spec, p, *targets)
+        updated = []
+        for scope, var, read, target in zip((p + "/AssignMinEma", p + "/AssignMaxEma"),
+                                            (min_var, max_var), reads, targets):
+            # The delta that lands on the floored value (as assign_sub, so
+            # updates from several workers still add up).
+            delta = self._node(scope + "/floored_delta", "Sub", [read, target], T=_FLOAT)
+            updated.append(self._variables_emitter.assign_sub(
+                scope, var, delta, device=self._variable_device))
+        return tuple(updated)
 
     def _assign(self, scope, var, value):
         return self._variables_emitter.assign(scope, var, value,

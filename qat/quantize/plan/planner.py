@@ -54,6 +54,7 @@ from qat.quantize.plan import embeddings as plan_embeddings
 from qat.quantize.plan import entries
 from qat.quantize.plan import fixed_ranges
 from qat.quantize.plan import graph as plan_graph
+from qat.quantize.plan import kernel_requirements
 from qat.quantize.plan import op_table
 from qat.quantize.plan import patterns as qp
 from qat.quantize.plan import replication as replication_lib
@@ -91,6 +92,9 @@ class Plan:
     earlier: Optional[tuple] = None  # An earlier call's range (`qat.distribute.replica_stats`).
     # A constant range, TFLite's fixed output grid (`qat.quantize.plan.fixed_ranges`).
     fixed: Optional[Tuple[float, float]] = None
+    # TFLite kernel preconditions this range must meet, on the plan owning its
+    # variables (`qat.quantize.plan.kernel_requirements.Requirement`).
+    requirements: List = dataclasses.field(default_factory=list)
 
 
 class Planner(rules.RangeRules, entries.EntryPlanning,
@@ -272,6 +276,7 @@ def plan_quantizers(graph: tf.Graph, config,
                       per_channel_matmul=config.matmul_weights_per_channel(),
                       replication=replication)
     plans = planner.run()
+    kernel_requirements.attach(planner, plans)
     left_float = list(planner.left_float)
     # Layers inside functional control flow (If / While bodies, functions
     # called from the graph) are not rewritten: each is named.

@@ -1,0 +1,194 @@
+"""TFLite kernel preconditions enforced where ranges are learnt (a mixin of `RangeUpdates`).
+
+A quantizer whose plan carries requirements
+(`qat.quantize.plan.kernel_requirements`) gets `QuantizerSpec.floors`: lower
+bounds on its range's width, computed in the graph from the ranges, weights
+and bias they depend on (`WidthFloor`; the forms are those of
+`qat.quantize.plan.kernel_preconditions`). After the moving-average step the
+range [lo, hi] (lo <= 0 <= hi) is widened where it falls short of the
+largest floor W:
+
+    f = max(1, W / (hi - lo)),  lo' = lo * f,  hi' = max(hi * f, lo' + W)
+
+Scaling both ends keeps 0 where it was on the grid (the zero point does not
+move, a symmetric range stays symmetric) and only the scale grows; an empty
+range becomes [0, W]. The widened values are what the variables are
+assigned, so the training graph's FakeQuant, the checkpoint, the eval graph
+and the converted model all meet the precondition. A range wide enough is
+left exactly as it was (f = 1).
+"""
+from typing import List, Optional
+
+import tensorflow as tf
+
+from qat.quantize.emit import quantizer_spec
+from qat.quantize.plan import kernel_preconditions as kp
+
+_FLOAT = tf.float32
+_INT32 = tf.int32
+# Where the width is 0 (only an empty range can be): the floor's factor stays finite.
+_TINY_WIDTH = 1e-20
+
+
+class RangeFloors(object):
+    """Mixin of `qat.quantize.emit.range_updates.RangeUpdates` (uses `QuantizerBatch`'s helpers)."""
+
+    def _apply_floors(self, spec, p, lo: str, hi: str):
+        """(lo, hi) widened to every floor of `spec` (module docstring)."""
+        levels = kp.levels(spec.num_bits, spec.narrow_range)
+        need = None
+        for k, floor in enumerate(spec.floors):
+            width = self._floor_width("%s/KernelFloor_%d" % (p, k), floor, levels)
+            if width is None:
+                continue
+            need = width if need is None else self._node(
+                "%s/KernelFloor_%d/Maximum" % (p, k), "Maximum", [need, width], T=_FLOAT)
+        if need is None:
+            return lo, hi
+        q = p + "/KernelFloor"
+        width = self._node(q + "/width", "Sub", [hi, lo], T=_FLOAT)
+        tiny = self._shared_const("tiny_width", _TINY_WIDTH, tf.float32)
+        one = self._shared_const("one", 1.0, tf.float32)
+        ratio = self._node(q + "/ratio", "RealDiv",
+                           [need, self._node(q + "/positive_width", "Maximum", [width, tiny],
+                                             T=_FLOAT)], T=_FLOAT)
+        factor = self._node(q + "/factor", "Maximum", [ratio, one], T=_FLOAT)
+        new_lo = self._node(q + "/min", "Mul", [lo, factor], T=_FLOAT)
+        top = self._node(q + "/top", "AddV2", [new_lo, need], T=_FLOAT)
+        new_hi = self._node(q + "/max", "Maximum",
+                            [self._node(q + "/scaled_max", "Mul", [hi, factor], T=_FLOAT), top],
+                            T=_FLOAT)
+        return new_lo, new_hi
+
+    def _floor_width(self, q: str, floor: "quantizer_spec.WidthFloor", levels: int
+                     ) -> Optional[str]:
+        """The node of the width `floor` asks of a range of `levels` steps."""
+        factor = self._shared_const("floor_factor", floor.bound * levels, tf.float32)
+        if floor.form == kp.MINIMUM:
+            return factor
+        if floor.form == kp.BIAS:
+            x = self._bias_ratio(q, floor)
+        else:
+            scales = [self._scale(q + "/input_%d" % k, r, reduce=True)
+                      for k, r in enumerate(floor.ranges)]
+            if not scales:
+                return None
+            x = scales[0]
+            for k, s in enumerate(scales[1:]):
+                x = self._node(q + "/max_scale_%d" % k, "Maximum", [x, s], T=_FLOAT)
+            if floor.form == kp.SQUARE:
+                x = self._node(q + "/square", "Mul", [x, x], T=_FLOAT)
+        return self._node(q + "/width", "Mul", [x, factor], T=_FLOAT)
+
+    def _range_nodes(self, r: "quantizer_spec.RangeInput"):
+        if r.index is not None:
+            if r.before_update:
+                min_var, max_var = self._variables[r.index]
+                return (self._variables_emitter.before_update(min_var, self._variable_device),
+                        self._variables_emitter.before_update(max_var, self._variable_device))
+            return self._ranges[r.index]
+        if r.tensors is not None:
+            return tuple(self._external(t) for t in r.tensors)
+        return tuple(self._shared_const("floor_range", float(v), tf.float32) for v in r.constant)
+
+    def _scale(self, q: str, r: "quantizer_spec.RangeInput", reduce: bool) -> str:
+        """The scale of range `r` (per channel unless `reduce`)."""
+        lo, hi = self._range_nodes(r)
+        width = self._node(q + "/width", "Sub", [hi, lo], T=_FLOAT)
+        inverse = self._shared_const("inverse_levels", 1.0 / r.levels, tf.float32)
+        scale = self._node(q + "/scale", "Mul", [width, inverse], T=_FLOAT)
+        if reduce and r.per_channel:
+            scale = self._node(q + "/max_scale", "Max",
+                               [scale, self._shared_const("reduction_indices", [0], tf.int32)],
+                               T=_FLOAT, Tidx=_INT32)
+        return scale
+
+    def _bias_ratio(self, q: str, floor: "quantizer_spec.WidthFloor") -> str:
+        """max_c |bias_c| / s_w,c (0 for a channel of zero weights)."""
+        bias = self._bias_value(q + "/bias", floor.bias)
+        magnitude = self._node(q + "/abs_bias", "Abs", [bias], T=_FLOAT)
+        weights = floor.weights
+        s_w = self._scale(q + "/weights", weights, reduce=False)
+        axis = self._shared_const("reduction_indices", [0], tf.int32)
+        if weights.per_channel and not _lines_up(floor.bias, weights.channels):
+            # Bias and weight channels not known to line up: the largest bias
+            # against every channel's scale (never less than the per-channel bound).
+            magnitude = self._node(q + "/max_abs_bias", "Max", [magnitude, axis],
+                                   T=_FLOAT, Tidx=_INT32)
+        ratio = self._node(q + "/ratio", "DivNoNan", [magnitude, s_w], T=_FLOAT)
+        return self._node(q + "/max_ratio", "Max", [ratio, axis], T=_FLOAT, Tidx=_INT32)
+
+    def _bias_value(self, q: str, bias) -> str:
+        """The layer's bias as the converter computes it, flat float32."""
+        total = self._sum_terms(q + "/before", bias.before)
+        bn = bias.batch_norm
+        if bn is not None:
+            mean = self._flat(q + "/mean", bn.mean, read=bn.mean_is_variable, dtype=bn.dtype)
+            variance = self._flat(q + "/variance", bn.variance, read=bn.variance_is_variable,
+                                  dtype=bn.dtype)
+            if isinstance(bn.epsilon, tf.Tensor):
+                epsilon = self._flat(q + "/epsilon", bn.epsilon)
+            else:
+                epsilon = self._shared_const("bn_epsilon", float(bn.epsilon), tf.float32)
+            s = self._node(q + "/rsqrt", "Rsqrt",
+                           [self._node(q + "/add_epsilon", "AddV2", [variance, epsilon],
+                                       T=_FLOAT)], T=_FLOAT)
+            if bn.gamma is not None:
+                s = self._node(q + "/scale", "Mul", [s, self._flat(q + "/gamma", bn.gamma)],
+                               T=_FLOAT)
+            centred = mean if total is None else self._node(
+                q + "/centred", "Sub", [mean, total], T=_FLOAT)
+            centred = self._node(q + "/scaled_mean", "Mul", [centred, s], T=_FLOAT)
+            if bn.beta is not None:
+                total = self._node(q + "/offset", "Sub", [self._flat(q + "/beta", bn.beta),
+                                                          centred], T=_FLOAT)
+            else:
+                total = self._node(q + "/offset", "Neg", [centred], T=_FLOAT)
+        after = self._sum_terms(q + "/after", bias.after)
+        if after is not None:
+            total = after if total is None else self._node(q + "/sum", "AddV2", [total, after],
+                                                           T=_FLOAT)
+        return total
+
+    def _sum_terms(self, q: str, terms: List) -> Optional[str]:
+        total = None
+        for k, (t, sign) in enumerate(terms):
+            x = self._flat("%s/term_%d" % (q, k), t)
+            if sign < 0:
+                x = self._node("%s/term_%d/Neg" % (q, k), "Neg", [x], T=_FLOAT)
+            total = x if total is None else self._node(
+                "%s/add_%d" % (q, k), "AddV2", [total, x], T=_FLOAT)
+        return total
+
+    def _flat(self, q: str, t: tf.Tensor, read: bool = False, dtype=None) -> str:
+        """`t` as a flat float32 vector (`read`: `t` is a variable, read it)."""
+        x = self._external(t)
+        dtype = (dtype or t.dtype).base_dtype
+        if read:
+            if t.dtype == tf.resource:
+                x = self._node(q + "/ReadVariableOp", "ReadVariableOp", [x], dtype=dtype)
+            else:
+                x = self._node(q + "/read", "Identity", [x], T=dtype)
+        if dtype != _FLOAT:
+            x = self._node(q + "/ToFloat32", "Cast", [x], SrcT=dtype, DstT=_FLOAT,
+                           Truncate=False)
+        return self._node(q + "/flat", "Reshape",
+                          [x, self._shared_const("flat_shape", [-1], tf.int32)],
+                          T=_FLOAT, Tshape=_INT32)
+
+
+def _lines_up(bias, channels: Optional[int]) -> bool:
+    """Whether every term of `bias` is one value, or one per each of `channels`.
+
+    Only then is the bias divided by per-channel weight scales channel by
+    channel (a constant added after the layer may be a scalar: broadcast).
+    """
+    terms = [t for t, _ in bias.before + bias.after]
+    bn = bias.batch_norm
+    if bn is not None:
+        terms += [t for t in (bn.gamma, bn.beta) if t is not None]
+        terms += [t for t, is_variable in ((bn.mean, bn.mean_is_variable),
+                                           (bn.variance, bn.variance_is_variable))
+                  if not is_variable]
+    sizes = {t.shape.num_elements() for t in terms}
+    return channels is not None and sizes <= {1, channels}
