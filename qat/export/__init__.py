@@ -3,6 +3,8 @@
   freeze   -> variables to constants (live session, or graph file + checkpoint)
   convert  -> uint8 (legacy) and int8 TFLite flatbuffers
   inspect  -> operators and tensor types; float ops named back to TF ops
+  kernel_checks -> the frozen graph's ranges against TFLite's kernel
+              preconditions, before converting
   parity   -> TFLite vs eval graph: top-1 agreement, difference in output steps
   range_survival -> every activation range of the eval graph is a TFLite tensor
   pipeline -> export_tflite: all of the above in one call
@@ -22,6 +24,7 @@ from qat.export.errors import ConversionError
 from qat.export.errors import ExportError
 from qat.export.errors import FloatOpError
 from qat.export.errors import GraphLoadError
+from qat.export.errors import KernelPreconditionError
 from qat.export.errors import NonFiniteError
 from qat.export.errors import ParityError
 from qat.export.errors import RangeLostError
@@ -38,6 +41,7 @@ from qat.export.inspect import check_fully_integer
 from qat.export.inspect import check_runnable
 from qat.export.inspect import describe_model
 from qat.export.inspect import find_float_ops
+from qat.export.kernel_checks import check_kernel_preconditions
 from qat.export.parity import ParityReport
 from qat.export.parity import check_parity
 from qat.export.parity import compare_outputs
@@ -56,9 +60,9 @@ from qat.export.saved_model import write_saved_model
 
 __all__ = [
     "FLAVOURS", "CheckpointError", "ConversionError", "ExportError", "ExportedModel",
-    "FloatOp", "FloatOpError", "GraphLoadError", "ModelReport", "NonFiniteError",
+    "FloatOp", "FloatOpError", "GraphLoadError", "KernelPreconditionError", "ModelReport", "NonFiniteError",
     "LostRange", "ParityError", "ParityReport", "RangeLostError", "SurvivalReport",
-    "TensorNameError", "check_finite", "check_flavour", "check_fully_integer", "check_parity", "check_range_survival", "check_ranges",
+    "TensorNameError", "check_finite", "check_flavour", "check_fully_integer", "check_kernel_preconditions", "check_parity", "check_range_survival", "check_ranges",
     "check_runnable", "check_tensor_names", "checkpoint_prefix", "compare_outputs",
     "convert_frozen_graph", "convert_saved_model", "describe_model", "export_tflite", "find_float_ops",
     "freeze_graph_file", "freeze_session", "input_range_from_fake_quant", "is_float_input",

@@ -72,3 +72,19 @@ class RangeLostError(ExportError):
     def __init__(self, message: str, lost=()):
         super().__init__(message)
         self.lost = list(lost)
+
+
+class KernelPreconditionError(ExportError):
+    """Ranges of the graph violate a precondition of TFLite's integer kernels.
+
+    Raised before converting (`qat.export.kernel_checks`): the kernel would
+    refuse to prepare, abort the process, or the converter would saturate a
+    bias without a word.
+
+    Attributes:
+      violations: the `qat.export.kernel_checks.Violation` records.
+    """
+
+    def __init__(self, message: str, violations=()):
+        super().__init__(message)
+        self.violations = list(violations)

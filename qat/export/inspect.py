@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from qat.export import kernel_checks
 from qat.export.errors import ConversionError, FloatOpError
 
 _FLOAT_TYPES = (np.float16, np.float32, np.float64)
@@ -283,9 +284,21 @@ def check_runnable(model: bytes, graph_def: Optional[tf.compat.v1.GraphDef] = No
     `symmetric_weights=True` in qat.experimental_create_*_graph does. Another:
     a kernel TFLite has in int8 only (uint8 RSQRT, BATCH_MATMUL).
 
+    Scales that would abort the process in a kernel's Prepare (ADD,
+    SQUARED_DIFFERENCE) or fail it (HARD_SWISH) are checked first, on the
+    model's own tensors (`qat.export.kernel_checks.tflite_violations`).
+
     Raises:
       ConversionError: with the kernel's message and the weights at fault.
     """
+    refused = kernel_checks.tflite_violations(describe_model(model))
+    if refused:
+        raise ConversionError(
+            f"{label}: TFLite's kernels refuse the scales of {len(refused)} op(s) (not "
+            "prepared: ADD and SQUARED_DIFFERENCE would abort the process):\n  "
+            + "\n  ".join(refused) + "\nqat's range updates keep learnt ranges clear of "
+            "these conditions; train at least one more step with this qat and export again "
+            "(docs/what_gets_a_range.md, 'Kernel preconditions').")
     interp = make_interpreter(model)
     try:
         interp.allocate_tensors()

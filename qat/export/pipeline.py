@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from absl import logging
 
-from qat.export import convert, freeze, inspect, parity, range_survival
+from qat.export import convert, freeze, inspect, kernel_checks, parity, range_survival
 from qat.export import saved_model as saved_model_lib
 from qat.export.errors import ExportError
 
@@ -97,7 +97,10 @@ def export_tflite(input_names: Sequence[str],
 
     Raises:
       ExportError and its subclasses (see qat.export.errors); RangeLostError
-      when a range is lost (unless `allow_lost_ranges`).
+      when a range is lost (unless `allow_lost_ranges`); KernelPreconditionError
+      before converting when a range violates a precondition of TFLite's
+      integer kernels (`qat.export.kernel_checks`: a checkpoint written before
+      qat's range updates enforced them).
     """
     if sum(x is not None for x in (sess, graph_path, frozen_graph_def)) != 1:
         raise ExportError("give exactly one of sess= (a live session), graph_path= "
@@ -123,6 +126,9 @@ def export_tflite(input_names: Sequence[str],
     freeze.check_tensor_names(frozen, input_names, "input")
     for flavour in flavours:  # uint8 of per-channel weights: refused before any file.
         convert.check_flavour(frozen, flavour)
+    # Ranges a kernel would refuse (an old checkpoint): refused before converting.
+    kernel_checks.check_kernel_preconditions(frozen, flavours,
+                                             label=os.path.join(output_dir, name))
     results = {}
     saved_model_dir = None
     for flavour in flavours:

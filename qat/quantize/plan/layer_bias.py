@@ -169,10 +169,11 @@ def layer_bias(planner, layer: tf.Operation) -> Optional[LayerBias]:
             return None
         return LayerBias(terms, None, after)
     bn = next(iter(bns.values()))
-    bn_ops = set([bn.op] + list(bn.ops))
-    before_ops = within(bn.input.op, path, forward=False) - bn_ops if bn.input.op in path \
-        else set()
-    after_ops = path - before_ops - bn_ops
+    # Before the batch norm: what its input is computed from; after it: what
+    # its output feeds. The rest computes the batch norm itself.
+    before_ops = (within(bn.input.op, path, forward=False) if bn.input.op in path
+                  else set())
+    after_ops = within(bn.op, path, forward=True) - {bn.op}
     before, later = _terms(before_ops, chain), _terms(after_ops, chain)
     term = _batch_norm_bias(bn)
     if before is None or later is None or term is None:
