@@ -2,13 +2,17 @@
 
 Hypothesis draws small convolutional networks (tools/property/converter_networks.py:
 spatial sizes 1 to 8, input pre-processing, convs, depthwise and grouped
-convs, pools, global pools, squeeze-excite blocks, resizes into
+convs with every activation kind (ReLU, ReLU6, leaky ReLU, hard-swish, swish,
+sigmoid, tanh, GELU) whose input an offset of 0, -3, -8 or +8 pushes to one
+side, pools, global pools, squeeze-excite blocks, resizes into
 concatenations, logits and softmax heads); each is trained a few steps,
 restored into its eval graph with a strict plain Saver, converted by
 TensorFlow's own converter to uint8 and int8, and must hold every invariant
 of tools/property/converter_invariants.py: the pipeline succeeds, the model is fully
 integer, every activation range is a TFLite tensor of its scale and zero
-point, and every layer is within one step of TFLite given TFLite's inputs.
+point, every layer is within one step of TFLite given TFLite's inputs, the
+ranges of the training graph's last step and of the eval graph meet TFLite's
+kernel preconditions, and the converted model prepares and runs.
 A failing example is shrunk greedily and both are reported. Networks that run
 into a documented limit (`networks.known_limit`, docs/known_limits.md) are
 left out of the bounded run (none today; FixedRangeTest checks the last one, now fixed).
@@ -58,6 +62,8 @@ class ConverterPropertyTest(absltest.TestCase):
     @hypothesis.example(net=_FIXED["se"])
     @hypothesis.example(net=_FIXED["dead_squeeze"])
     @hypothesis.example(net=_FIXED["removed_max_into_concat"])
+    @hypothesis.example(net=_FIXED["dead_hard_swish"])
+    @hypothesis.example(net=_FIXED["sigmoid_mean_1x1"])
     @hypothesis.given(net=networks.conv_networks(grouped=True))
     def test_eval_graph_is_the_integer_model(self, net):
         self.assertTrue(networks.is_valid(net), net.describe())
@@ -82,7 +88,7 @@ class CheckersTest(absltest.TestCase):
     """The strategy and the shrinker do what they are meant to."""
 
     def test_strategy_draws_valid_networks_with_every_block(self):
-        kinds, sizes = set(), set()
+        kinds, sizes, activations = set(), set(), set()
 
         @hypothesis.settings(max_examples=300, derandomize=True, database=None,
                              deadline=None)
@@ -91,10 +97,16 @@ class CheckersTest(absltest.TestCase):
             self.assertTrue(networks.is_valid(net), net.describe())
             kinds.update(b.kind for b in net.blocks)
             sizes.add(net.spatial)
+            activations.update((b.activation, b.offset) for b in net.blocks
+                               if b.kind in ("conv", "depthwise", networks.GROUPED))
 
         draw()  # pylint: disable=no-value-for-parameter
         self.assertEqual(kinds, set(networks.KINDS) | {networks.GROUPED})
         self.assertEqual(sizes, set(networks.SIZES))
+        # Every activation kind, and the extreme offsets for the h-swish.
+        self.assertEqual({a for a, _ in activations}, set(networks.ACTIVATIONS))
+        self.assertEqual({o for a, o in activations if a == "hard_swish"},
+                         set(networks.OFFSETS))
 
     def test_shrink_keeps_failing_and_simplifies(self):
         net = networks.ConvNet(6, "mean_std", (

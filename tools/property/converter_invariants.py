@@ -23,6 +23,14 @@ to both flavours, uint8 and int8. It returns, for each invariant of
   computes every integer TFLite tensor it has a range of within one step,
   and the model output is matched (`qat.report.layer_numerics`' own steps,
   either flavour).
+* `kernel_preconditions`: the ranges the training graph's FakeQuants read in
+  its last step, and the eval graph's restored ranges, meet every
+  precondition of TFLite's integer kernels
+  (`qat.quantize.plan.kernel_preconditions`, checked by
+  `qat.export.kernel_checks`).
+* `model_prepares`: TFLite prepares and runs the converted model
+  (`qat.export.check_runnable`, which refuses scales that would abort the
+  process before preparing them; either flavour).
 """
 import os
 import shutil
@@ -36,6 +44,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 import qat
 from qat import export
 from qat import report
+from qat.export import kernel_checks
 from tools.property import converter_networks as networks
 
 INVARIANTS = (
@@ -44,6 +53,8 @@ INVARIANTS = (
     "fully_integer",
     "ranges_survive",
     "layers_within_one_step",
+    "kernel_preconditions",
+    "model_prepares",
 )
 FLAVOURS = ("uint8", "int8")
 TRAIN_STEPS = 3
@@ -62,8 +73,13 @@ def _session(graph: tf.Graph) -> tf.compat.v1.Session:
     return tf.compat.v1.Session(graph=graph, config=config)
 
 
-def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0) -> None:
-    """Builds, rewrites and trains the training graph; saves `checkpoint`."""
+def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0) -> Optional[str]:
+    """Builds, rewrites and trains the training graph; saves `checkpoint`.
+
+    Returns:
+      The kernel preconditions the ranges its FakeQuants read in the last
+      step violate (a message), or None.
+    """
     built = networks.build(net, training=True, seed=seed)
     graph = built.graph
     with graph.as_default():
@@ -77,11 +93,25 @@ def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0) -> None:
                 train_op = tf.no_op()
         init = tf.compat.v1.global_variables_initializer()
         saver = tf.compat.v1.train.Saver()
+        requirements = kernel_checks.graph_requirements(graph)
+        ranges = kernel_checks.fetches(requirements)
     with _session(graph) as sess:
         sess.run(init)
         for step in range(TRAIN_STEPS):
-            sess.run(train_op, {built.input: networks.inputs(net, TRAIN_BATCH, seed + step)})
+            _, values = sess.run([train_op, ranges],
+                                 {built.input: networks.inputs(net, TRAIN_BATCH, seed + step)})
         saver.save(sess, checkpoint)
+    return _describe(kernel_checks.violations(requirements, values))
+
+
+def _describe(violations) -> Optional[str]:
+    return "; ".join(v.describe() for v in violations[:2]) or None
+
+
+def _eval_kernel_violations(sess: tf.compat.v1.Session) -> Optional[str]:
+    requirements = kernel_checks.graph_requirements(sess.graph)
+    values = kernel_checks.evaluate(sess, kernel_checks.fetches(requirements))
+    return _describe(kernel_checks.violations(requirements, values))
 
 
 def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0
@@ -142,13 +172,14 @@ def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[
     sess = None
     try:
         checkpoint = os.path.join(workdir, "model")
-        train(net, checkpoint, seed)
+        _record(results, "kernel_preconditions", "training graph", train(net, checkpoint, seed))
         stage = "eval graph"
         try:
             sess = restore_eval(net, checkpoint, seed)
         except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
             results["strict_restore"] = str(e).splitlines()[0][:400]
             return results
+        _record(results, "kernel_preconditions", "eval graph", _eval_kernel_violations(sess))
         stage = "freeze"
         frozen = export.freeze_session(sess, ["output"])
         for flavour in FLAVOURS:
@@ -157,6 +188,11 @@ def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[
                 frozen, ["input"], ["output"], flavour,
                 input_ranges={"input": networks.input_range(net)})
             stage = f"{flavour} checks"
+            try:
+                export.check_runnable(model, frozen, label=flavour)
+            except export.ConversionError as e:
+                _record(results, "model_prepares", flavour, str(e).replace("\n", " "))
+                continue
             _record(results, "fully_integer", flavour, _fully_integer(model, frozen))
             # The numerics check range survival too (`lost_ranges`).
             numerics = report.layer_numerics(

@@ -7,9 +7,11 @@ A `ConvNet` is a plain description: an input size (spatial sizes 1 to 8,
 building blocks the converter rewrites:
 
   conv / depthwise / grouped   3x3 or 1x1 layer (stride 1 or 2), batch norm
-                               or bias, ReLU / ReLU6 / none; "grouped" is a
-                               Conv2D whose kernel has in_channels / groups
-                               input channels (groups = channels included)
+                               or bias, an activation (ReLU, ReLU6, leaky
+                               ReLU, hard-swish, swish, sigmoid, tanh, GELU
+                               or none); "grouped" is a Conv2D whose kernel
+                               has in_channels / groups input channels
+                               (groups = channels included)
   pool                         2x2 average or max pool, stride 2
   global_pool                  mean or max over the spatial axes (keepdims):
                                over 1x1 maps too
@@ -19,6 +21,13 @@ building blocks the converter rewrites:
   resize_concat                image pooling: mean -> 1x1 conv + ReLU ->
                                bilinear or nearest resize to the map ->
                                concatenation with the block input
+
+A layer's `offset` (added to its bias or batch-norm beta: 0, -3, -8 or +8)
+drives the activation's input to an extreme: -3 leaves it nearly dead, -8
+dead or one-sided negative (an h-swish of inputs below -3 is 0), +8
+one-sided positive (a ReLU6 saturated), as a short training on real data
+can leave a layer; the ranges learnt there are where TFLite's kernel
+preconditions bite (`qat.quantize.plan.kernel_preconditions`).
 
 Pre-processing: none (input in [0, 1]), a constant scale and offset
 (x / 127.5 - 1), tf_keras `Rescaling(1 / 255)` (a multiply and an add of 0)
@@ -41,7 +50,10 @@ SIZES = (1, 2, 3, 4, 6, 8)
 PREPROCESSING = ("none", "scale_offset", "rescaling", "mean_std")
 KINDS = ("conv", "depthwise", "pool", "global_pool", "se", "resize_concat")
 GROUPED = "grouped"
-ACTIVATIONS = ("relu", "relu6", "none")
+ACTIVATIONS = ("relu", "relu6", "leaky_relu", "hard_swish", "swish", "sigmoid", "tanh", "gelu",
+               "none")
+# Added to a layer's bias (or beta): inputs of its activation pushed to one side.
+OFFSETS = (0.0, -3.0, -8.0, 8.0)
 VARIANTS = {"pool": ("avg", "max"), "global_pool": ("mean", "max"),
             "se": ("sigmoid", "hard_sigmoid"), "resize_concat": ("bilinear", "nearest")}
 HEADS = ("none", "logits", "softmax")
@@ -61,6 +73,7 @@ class ConvBlock:
     activation: str = "relu"
     variant: str = ""
     groups: int = 1
+    offset: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +87,7 @@ class ConvNet:
     def size(self) -> int:
         """A measure to pick the smallest of several failing networks."""
         return (sum(10 + b.batch_norm + (b.activation != "none") + (b.stride != 1)
-                    + (b.kind != "conv") for b in self.blocks)
+                    + (b.kind != "conv") + (b.offset != 0.0) for b in self.blocks)
                 + (self.preprocessing != "none") * 3 + (self.head != "none") * 3
                 + self.spatial)
 
@@ -87,7 +100,8 @@ class ConvNet:
             if b.kind in extra:
                 lines.append(f"  block{i}: {b.kind}({b.channels}, {b.kernel}x{b.kernel}, "
                              f"stride {b.stride}){extra[b.kind]} "
-                             f"{'bn' if b.batch_norm else 'bias'} act={b.activation}")
+                             f"{'bn' if b.batch_norm else 'bias'} act={b.activation}"
+                             + (f" offset={b.offset:g}" if b.offset else ""))
             else:
                 lines.append(f"  block{i}: {b.kind}({b.variant}"
                              f"{', %d channels' % b.channels if b.kind != 'pool' else ''})")
@@ -108,7 +122,8 @@ def walk(net: ConvNet) -> List[Tuple[int, int]]:
     shapes = [(channels, size)]
     for b in net.blocks:
         if b.kind in ("conv", "depthwise", GROUPED):
-            if b.stride not in (1, 2) or b.kernel not in (1, 3) or b.activation not in ACTIVATIONS:
+            if (b.stride not in (1, 2) or b.kernel not in (1, 3) or b.activation not in ACTIVATIONS
+                    or b.offset not in OFFSETS):
                 raise ValueError("bad layer")
             if b.kind == "depthwise" and b.channels != channels:
                 raise ValueError("depthwise changes channels")
@@ -170,7 +185,8 @@ def conv_networks(draw, max_depth: int = 4, grouped: bool = False) -> ConvNet:
                 out = 2 * groups
             block = ConvBlock(kind, out, draw(st.sampled_from((1, 2))),
                               draw(st.sampled_from((1, 3))), draw(st.booleans()),
-                              draw(st.sampled_from(ACTIVATIONS)), groups=groups)
+                              draw(st.sampled_from(ACTIVATIONS)), groups=groups,
+                              offset=draw(st.sampled_from(OFFSETS)))
             channels = out
         else:
             block = ConvBlock(kind, draw(st.integers(2, 4)),
@@ -209,8 +225,8 @@ def simpler(net: ConvNet):
     for i, b in enumerate(blocks):
         if b.kind not in ("conv", "depthwise", GROUPED):
             continue
-        changes = [{"batch_norm": False}, {"activation": "none"}, {"stride": 1},
-                   {"kernel": 1}, {"kind": "conv", "groups": 1}]
+        changes = [{"batch_norm": False}, {"activation": "none"}, {"offset": 0.0},
+                   {"stride": 1}, {"kernel": 1}, {"kind": "conv", "groups": 1}]
         for change in changes:
             new = dataclasses.replace(b, **change)
             if new != b:
@@ -281,11 +297,24 @@ def _activation(x: tf.Tensor, kind: str) -> tf.Tensor:
         return tf.nn.relu(x)
     if kind == "relu6":
         return tf.nn.relu6(x)
+    if kind == "leaky_relu":
+        return tf.nn.leaky_relu(x, alpha=0.2)
+    if kind == "hard_swish":
+        return x * tf.nn.relu6(x + 3.0) * (1.0 / 6.0)
+    if kind == "swish":
+        return x * tf.sigmoid(x)
+    if kind == "sigmoid":
+        return tf.sigmoid(x)
+    if kind == "tanh":
+        return tf.tanh(x)
+    if kind == "gelu":
+        return tf.nn.gelu(x)
     return x
 
 
 def _conv(x: tf.Tensor, out: int, kernel: int = 1, stride: int = 1, groups: int = 1,
-          depthwise: bool = False, bias: bool = True, name: str = "conv") -> tf.Tensor:
+          depthwise: bool = False, bias: bool = True, name: str = "conv",
+          offset: float = 0.0) -> tf.Tensor:
     init = tf.compat.v1.glorot_uniform_initializer()
     channels = int(x.shape[-1])
     with tf.compat.v1.variable_scope(name):
@@ -300,7 +329,7 @@ def _conv(x: tf.Tensor, out: int, kernel: int = 1, stride: int = 1, groups: int 
         if bias:
             b = tf.compat.v1.get_variable(
                 "bias", [int(y.shape[-1])],
-                initializer=tf.compat.v1.random_normal_initializer(stddev=0.3))
+                initializer=tf.compat.v1.random_normal_initializer(mean=offset, stddev=0.3))
             y = tf.nn.bias_add(y, b)
     return y
 
@@ -308,11 +337,12 @@ def _conv(x: tf.Tensor, out: int, kernel: int = 1, stride: int = 1, groups: int 
 def _block(x: tf.Tensor, b: ConvBlock, training: bool) -> tf.Tensor:
     if b.kind in ("conv", "depthwise", GROUPED):
         y = _conv(x, b.channels, b.kernel, b.stride, b.groups, b.kind == "depthwise",
-                  bias=not b.batch_norm)
+                  bias=not b.batch_norm, offset=b.offset)
         if b.batch_norm:
             y = tf.compat.v1.layers.batch_normalization(
                 y, training=training, momentum=0.0, name="bn",
-                beta_initializer=tf.compat.v1.random_normal_initializer(stddev=0.3),
+                beta_initializer=tf.compat.v1.random_normal_initializer(mean=b.offset,
+                                                                        stddev=0.3),
                 gamma_initializer=tf.compat.v1.random_uniform_initializer(0.5, 1.5))
         return _activation(y, b.activation)
     if b.kind == "pool":
@@ -396,4 +426,15 @@ def example_networks() -> dict:
         "removed_max_into_concat": ConvNet(1, "rescaling", (
             ConvBlock("global_pool", variant="max"),
             ConvBlock("resize_concat", 3, variant="bilinear"))),
+        # A sigmoid's fixed grid read by the rounding of a mean over a 1x1 map:
+        # the eval rewrite read the grid's constants as variables (RewriteError).
+        "sigmoid_mean_1x1": ConvNet(1, "none", (ConvBlock("conv", 3, activation="sigmoid"),),
+                                    head="softmax"),
+        # Issue #33: a dead h-swish's output range, which TFLite's HARD_SWISH
+        # refused (activations.cc:289), and a GELU of inputs near -8 whose tiny
+        # range saturated the next layer's int32 bias (187 steps off).
+        "dead_hard_swish": ConvNet(4, "none", (
+            ConvBlock("conv", 4, batch_norm=True, activation="hard_swish", offset=-8.0),
+            ConvBlock("conv", 4, activation="gelu", offset=-8.0),
+            ConvBlock("conv", 3, activation="none")), head="logits"),
     }

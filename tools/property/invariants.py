@@ -26,12 +26,18 @@ and training mode), rewrites both and returns, for each invariant of
   the eval graph restores the training checkpoint.
 * `shared_concat_ranges`: every data input of a quantized concatenation is
   read through a FakeQuant whose min / max variables are the
-  concatenation's (training and eval graphs). A concatenation's range reads
+  concatenation's (training and eval graphs), or through a fixed grid's
+  (a sigmoid's, a tanh's), which TFLite requantizes. A concatenation's range reads
   its other inputs' raw values for its statistics
   (`qat.quantize.plan.shared_ranges`): `no_raw_reader` counts those reductions as
   range computation.
+* `kernel_preconditions`: the ranges the training graph's FakeQuants read in
+  its run, and the eval graph's, meet every precondition of TFLite's
+  integer kernels (`qat.quantize.plan.kernel_preconditions`, checked by
+  `qat.export.kernel_checks`): the ranges of activations pushed to one side
+  (`Block.offset`) included.
 
-The checks are structural except the two that run a Session (one thread).
+The checks are structural except those that run a Session (one thread).
 """
 import collections
 from typing import Dict, Iterable, List, Optional, Set
@@ -42,6 +48,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 import qat
 from qat.engine import marks
+from qat.export import kernel_checks
 from tools.property import networks
 
 INVARIANTS = (
@@ -56,6 +63,7 @@ INVARIANTS = (
     "one_range_per_layer_output",
     "train_eval_symmetry",
     "shared_concat_ranges",
+    "kernel_preconditions",
 )
 TOLERANCE = 1e-4
 LAYER_TYPES = frozenset([
@@ -190,6 +198,15 @@ def _range_variables(fq: tf.Operation) -> Optional[tuple]:
     return tuple(names)
 
 
+def _is_fixed_range(fq: tf.Operation) -> bool:
+    """A FakeQuant of a kernel's fixed grid (`qat.quantize.plan.fixed_ranges`): constants."""
+    def constant(t):
+        while t.op.type == "Identity":
+            t = t.op.inputs[0]
+        return t.op.type == "Const"
+    return all(constant(t) for t in fq.inputs[1:3])
+
+
 def _quantizing_fake_quant(t: tf.Tensor) -> Optional[tf.Operation]:
     """The FakeQuant `t` comes from, back through same-scale and qat's ops."""
     for _ in range(100):
@@ -219,6 +236,8 @@ def shared_concat_violations(graph: tf.Graph, input_tensor: tf.Tensor) -> List[s
             fq = _quantizing_fake_quant(t)
             if fq is None:
                 problems.append(f"{op.name} reads {t.name} unquantized")
+            elif _is_fixed_range(fq):
+                continue  # A sigmoid's or tanh's grid: kept, requantized by TFLite.
             elif _range_variables(fq) != variables:
                 problems.append(f"{op.name} reads {t.name} through {fq.name} with "
                                 f"{_range_variables(fq)}, not {variables}")
@@ -326,6 +345,20 @@ def _check_eval(net, results, seed) -> None:
     before = _graph_def_bytes(g)
     qat.create_eval_graph(g)
     results["idempotent_eval"] = _graph_def_change(before, g)
+    requirements = kernel_checks.graph_requirements(g)
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with _session(g) as sess:
+        sess.run(init)
+        values = kernel_checks.evaluate(sess, kernel_checks.fetches(requirements))
+    _kernel_violations(results, "eval", requirements, values)
+
+
+def _kernel_violations(results, suffix, requirements, values) -> None:
+    found = kernel_checks.violations(requirements, values)
+    if found and results.get("kernel_preconditions") is None:
+        results["kernel_preconditions"] = f"{suffix}: " + "; ".join(
+            v.describe() for v in found[:2])
 
 
 def _check_training(net, results, seed) -> None:
@@ -344,9 +377,12 @@ def _check_training(net, results, seed) -> None:
             results["gradients_finite"] = f"no gradient for {missing}"
             return
         init = tf.compat.v1.global_variables_initializer()
+    requirements = kernel_checks.graph_requirements(g)
     with _session(g) as sess:
         sess.run(init)
-        values = sess.run(grads, {built.input: networks.inputs(net, seed)})
+        values, ranges = sess.run([grads, kernel_checks.fetches(requirements)],
+                                  {built.input: networks.inputs(net, seed)})
+    _kernel_violations(results, "training", requirements, ranges)
     bad = [v.op.name for v, d in zip(variables, values) if not np.all(np.isfinite(d))]
     if bad:
         results["gradients_finite"] = f"non-finite gradient for {bad}"

@@ -17,6 +17,13 @@ and the head, after the blocks, a layer with a bias and no activation read
 by a Squeeze, a Reshape or an Identity (a TF-Slim logits head: global mean
 and a 1x1 conv for 4-D inputs), inside or outside the model's name scope.
 
+Activations: ReLU, ReLU6, leaky ReLU, hard-swish, swish, sigmoid, tanh,
+GELU or none. An offset (0, -3, -8 or +8: the mean of the batch norm's beta
+or of the bias, or else a constant added to the layer output, which the
+converter folds into its bias) pushes the activation's input to one side:
+nearly dead, dead or one-sided, the ranges where TFLite's kernel
+preconditions bite (`qat.quantize.plan.kernel_preconditions`).
+
 A dense layer after 4-D blocks flattens its input first; later blocks are
 dense too. Batch norms come from `tf.compat.v1.layers.batch_normalization`
 (fused or unfused) with random moving statistics, gamma and beta, so an eval
@@ -34,7 +41,9 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from hypothesis import strategies as st  # pylint: disable=g-import-not-at-top
 
 LAYERS_4D = ("conv", "depthwise", "atrous", "dense")
-ACTIVATIONS = ("relu", "relu6", "leaky_relu", "none")
+ACTIVATIONS = ("relu", "relu6", "leaky_relu", "hard_swish", "swish", "sigmoid", "tanh", "gelu",
+               "none")
+OFFSETS = (0.0, -3.0, -8.0, 8.0)
 BIASES = ("none", "bias_add", "plus")
 DROPOUTS = ("none", "nn", "slim", "keras")
 HEADS = ("none", "squeeze", "reshape", "identity")
@@ -58,6 +67,7 @@ class Block:
     residual: str
     concat: str
     dropout: str = "none"
+    offset: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +85,7 @@ class Network:
         return (sum(10 + (b.bias != "none") + (b.batch_norm != "none") +
                     (b.activation != "none") + (b.residual != "none") +
                     (b.concat != "none") + (b.layer != "conv") +
-                    (b.dropout != "none")
+                    (b.dropout != "none") + (b.offset != 0.0)
                     for b in self.blocks)
                 + (self.head != "none") * 5 + (not self.head_in_scope)
                 + (self.head_dropout != "none"))
@@ -90,7 +100,8 @@ class Network:
             lines.append(
                 f"  block{i}: dropout={b.dropout} {b.layer}({b.channels}) "
                 f"bias={b.bias} bn={b.batch_norm} act={b.activation} "
-                f"residual={b.residual} concat={b.concat}")
+                f"residual={b.residual} concat={b.concat}"
+                + (f" offset={b.offset:g}" if b.offset else ""))
         return "\n".join(lines)
 
 
@@ -126,7 +137,8 @@ def networks(draw, max_depth: int = 6) -> Network:
             activation=draw(st.sampled_from(ACTIVATIONS)),
             residual=residual,
             concat=draw(st.sampled_from(concats)),
-            dropout=draw(st.sampled_from(DROPOUTS))))
+            dropout=draw(st.sampled_from(DROPOUTS)),
+            offset=draw(st.sampled_from(OFFSETS))))
         rank = new_rank
         channels = out
         if blocks[-1].concat == "block_input":
@@ -152,7 +164,7 @@ def is_valid(net: Network) -> bool:
     rank = net.input_rank
     channels = INPUT_CHANNELS if rank == 4 else INPUT_FEATURES
     for b in net.blocks:
-        if rank == 2 and b.layer != "dense":
+        if rank == 2 and b.layer != "dense" or b.offset not in OFFSETS:
             return False
         flattens = b.layer == "dense" and rank == 4
         in_channels = channels * SPATIAL * SPATIAL if flattens else channels
@@ -187,7 +199,7 @@ def simpler(net: Network):
     if net.head_dropout != "none":
         yield dataclasses.replace(net, head_dropout="none")
     defaults = {"bias": "none", "batch_norm": "none", "activation": "none",
-                "residual": "none", "concat": "none", "dropout": "none"}
+                "residual": "none", "concat": "none", "dropout": "none", "offset": 0.0}
     for i, b in enumerate(blocks):
         for field, value in defaults.items():
             if getattr(b, field) != value:
@@ -243,6 +255,16 @@ def _activation(x: tf.Tensor, kind: str) -> tf.Tensor:
         return tf.nn.relu6(x)
     if kind == "leaky_relu":
         return tf.nn.leaky_relu(x, alpha=0.2)
+    if kind == "hard_swish":
+        return x * tf.nn.relu6(x + 3.0) * (1.0 / 6.0)
+    if kind == "swish":
+        return x * tf.sigmoid(x)
+    if kind == "sigmoid":
+        return tf.sigmoid(x)
+    if kind == "tanh":
+        return tf.tanh(x)
+    if kind == "gelu":
+        return tf.nn.gelu(x)
     return x
 
 
@@ -266,15 +288,15 @@ def _layer(x: tf.Tensor, block: Block, kernels: list) -> tf.Tensor:
         else:
             y = tf.nn.conv2d(x, w, 1, "SAME")
     kernels.append(w.op)
-    return _bias(y, block.bias)
+    return _bias(y, block.bias, 0.0 if block.batch_norm != "none" else block.offset)
 
 
-def _bias(y: tf.Tensor, kind: str) -> tf.Tensor:
+def _bias(y: tf.Tensor, kind: str, offset: float = 0.0) -> tf.Tensor:
     if kind == "none":
         return y
     b = tf.compat.v1.get_variable(
         "bias", [int(y.shape[-1])],
-        initializer=tf.compat.v1.random_normal_initializer(stddev=0.3))
+        initializer=tf.compat.v1.random_normal_initializer(mean=offset, stddev=0.3))
     return tf.nn.bias_add(y, b) if kind == "bias_add" else y + b
 
 
@@ -326,11 +348,11 @@ def _head(x: tf.Tensor, net: Network, training: bool, kernels: list) -> tf.Tenso
     return tf.identity(y, name="logits")
 
 
-def _batch_norm(y: tf.Tensor, kind: str, training: bool) -> tf.Tensor:
+def _batch_norm(y: tf.Tensor, kind: str, training: bool, offset: float = 0.0) -> tf.Tensor:
     fused = kind == "fused" and y.shape.rank == 4
     return tf.compat.v1.layers.batch_normalization(
         y, training=training, fused=fused, name="bn",
-        beta_initializer=tf.compat.v1.random_normal_initializer(stddev=0.3),
+        beta_initializer=tf.compat.v1.random_normal_initializer(mean=offset, stddev=0.3),
         gamma_initializer=tf.compat.v1.random_uniform_initializer(0.5, 1.5),
         moving_mean_initializer=tf.compat.v1.random_normal_initializer(stddev=0.3),
         moving_variance_initializer=tf.compat.v1.random_uniform_initializer(0.5, 2.0))
@@ -372,7 +394,9 @@ def _block(x: tf.Tensor, net_in: tf.Tensor, block: Block, training: bool,
     block_in = x
     y = _layer(_dropout(x, block.dropout, training), block, kernels)
     if block.batch_norm != "none":
-        y = _batch_norm(y, block.batch_norm, training)
+        y = _batch_norm(y, block.batch_norm, training, block.offset)
+    elif block.bias == "none" and block.offset:
+        y = y + block.offset
     if block.residual == "pre":
         y = y + block_in
     y = _activation(y, block.activation)
@@ -409,4 +433,11 @@ def example_networks() -> Dict[str, Network]:
             dataclasses.replace(conv, activation="relu6"),
             Block("conv", 3, "plus", "none", "none", "none", "none", dropout="nn")),
             head="squeeze", head_in_scope=False, head_dropout="slim"),
+        # Issue #33: an h-swish of inputs below -3 learns an output range
+        # TFLite's HARD_SWISH refuses, before a residual add (ADD) and a
+        # layer whose int32 bias the tiny range would saturate.
+        "dead_hard_swish": Network(4, True, (
+            dataclasses.replace(conv, activation="hard_swish", offset=-8.0),
+            Block("conv", 3, "bias_add", "none", "gelu", "post", "none", offset=-8.0)),
+            head="identity"),
     }

@@ -100,6 +100,8 @@ class QuantizerBatch(range_updates.RangeUpdates):
         self._variables: List[tuple] = []
         # An earlier call's (min, max) reads before the update, or None.
         self._earlier: List[Optional[tuple]] = []
+        # Whether quantizer i's range is a constant (a kernel's fixed grid).
+        self._fixed: List[bool] = []
         self._ranges: List[tuple] = []
         self._device = ""           # Of the quantizer being added.
         self._variable_device = ""
@@ -214,7 +216,11 @@ class QuantizerBatch(range_updates.RangeUpdates):
         elif spec.range_of is not None:
             min_var, max_var = self._variables[spec.range_of]
             earlier = self._earlier[spec.range_of]
-            if spec.is_training and not spec.range_before_update:
+            if self._fixed[spec.range_of]:
+                # A fixed grid's constants (a sigmoid's, read by the rounding
+                # of a mean over 1x1): no variables to read, in any graph.
+                lo, hi = self._ranges[spec.range_of]
+            elif spec.is_training and not spec.range_before_update:
                 lo, hi = self._ranges[spec.range_of]
             elif earlier is not None:
                 lo, hi = [self._external(t) for t in earlier]
@@ -237,6 +243,8 @@ class QuantizerBatch(range_updates.RangeUpdates):
                 hi = self._variables_emitter.snapshot(max_var)
         self._variables.append((min_var, max_var))
         self._ranges.append((lo, hi))
+        self._fixed.append(spec.fixed_range is not None
+                           or (spec.range_of is not None and self._fixed[spec.range_of]))
         fq_type = ("FakeQuantWithMinMaxVarsPerChannel" if spec.per_channel
                    else "FakeQuantWithMinMaxVars")
         last = not (spec.channel_reshape or spec.quant_delay or low_dtype)

@@ -82,7 +82,7 @@ class RangeFloors(object):
 
     def _range_nodes(self, r: "quantizer_spec.RangeInput"):
         if r.index is not None:
-            if r.before_update:
+            if r.before_update and not self._fixed[r.index]:
                 min_var, max_var = self._variables[r.index]
                 return (self._variables_emitter.before_update(min_var, self._variable_device),
                         self._variables_emitter.before_update(max_var, self._variable_device))
