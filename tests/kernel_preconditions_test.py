@@ -28,11 +28,13 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
+from qat.engine import config as config_lib  # pylint: disable=g-import-not-at-top
 from qat.engine import step_counter  # pylint: disable=g-import-not-at-top
 from qat.export import inspect  # pylint: disable=g-import-not-at-top
 from qat.export import kernel_checks  # pylint: disable=g-import-not-at-top
 from qat.quantize.emit import quantizer_batch  # pylint: disable=g-import-not-at-top
 from qat.quantize.plan import kernel_preconditions as kp  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan import planner as planner_lib  # pylint: disable=g-import-not-at-top
 from tests import zoo_util  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
@@ -342,6 +344,38 @@ class TrainedRangesTest(parameterized.TestCase):
             self.assertEqual(violations, [], "seed %d, training graph:\n%s"
                              % (seed, _describe(violations)))
             self._check_models(builder, checkpoint, ("uint8", "int8"), kp.HARD_SWISH)
+
+
+class SharedRangeTest(absltest.TestCase):
+    """A range learnt from tensors downstream of the constrained one: read one step behind."""
+
+    def test_a_concatenation_reaching_around_an_h_swish(self):
+        # The h-swish's input range is the group range of cat = concat(a, conv(h_swish(a))),
+        # whose statistics include a tensor computed from the h-swish's quantized
+        # output: reading its updated value would be a cycle.
+        def builder():
+            x = _image_input()
+            a = tf1.layers.conv2d(x, 4, 1, name="a", bias_initializer=tf1.constant_initializer(-9.0))
+            with tf.name_scope("hswish"):
+                h = a * tf.nn.relu6(a + 3.0) * (1.0 / 6.0)
+            c = tf.concat([a, tf1.layers.conv2d(h, 4, 1, name="b")], -1, name="cat")
+            return x, tf.identity(tf1.layers.conv2d(c, 2, 1, name="out"), name="output")
+
+        graph = tf.Graph()
+        with graph.as_default():
+            builder()
+            planned = planner_lib.plan_quantizers(
+                graph, config_lib.RewriteConfig(is_training=True, symmetric_weights=True))
+        found = {(p.prefix, r.precondition.name): r.lagged
+                 for p in planned.plans for r in p.requirements}
+        self.assertTrue(found[("hswish/act_quant", "HARD_SWISH")])
+        self.assertFalse(found[("hswish/act_quant", "int32 bias")])  # b's weights: upstream.
+        checkpoint = os.path.join(tempfile.mkdtemp(), "model")
+        _, violations = _train(builder, checkpoint, steps=5)  # No cycle: it runs.
+        self.assertEqual(violations, [], _describe(violations))
+        sess, _, _ = _eval_session(builder, checkpoint)
+        self.assertEqual(_eval_violations(sess)[1], [])
+        sess.close()
 
 
 # --- Ranges learnt without the floors (an old checkpoint) ---------------------------------

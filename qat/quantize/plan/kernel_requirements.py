@@ -252,22 +252,26 @@ def _lag_cycles(planner, plans: List) -> None:
         if plan.shared is not None and not plan.before_update:
             readers.setdefault(id(_owner(plan)), []).append(plan)
     for plan in plans:
-        if not plan.requirements:
-            continue
-        reach, stack = [], [plan]
-        while stack:
-            for req in stack.pop().requirements:
-                for source in req.sources():
-                    if (not isinstance(source, tf.Operation) and not req.lagged
-                            and not any(source is r for r in reach)):
-                        reach.append(source)
-                        stack.append(source)
-        if not plan.members and id(plan) not in readers and not any(r.members for r in reach):
-            continue  # Every range in reach learns from tensors upstream of the op.
-        starts = [plan.tensor.op] + [p.tensor.op for p in readers.get(id(plan), [])]
-        down = layer_bias_lib.within(starts, planner.data_ops, forward=True)
-        if any(t.op in down for r in reach for t in [r.tensor] + list(r.members)):
-            plan.requirements = [dataclasses.replace(req, lagged=True)
-                                 for req in plan.requirements]
+        down = None
+        for k, req in enumerate(plan.requirements):
+            reach = _reach(req)
+            if not plan.members and id(plan) not in readers and not any(r.members for r in reach):
+                continue  # Every range in reach learns from tensors upstream of the op.
+            if down is None:
+                starts = [plan.tensor.op] + [p.tensor.op for p in readers.get(id(plan), [])]
+                down = layer_bias_lib.within(starts, planner.data_ops, forward=True)
+            if any(t.op in down for r in reach for t in [r.tensor] + list(r.members)):
+                plan.requirements[k] = dataclasses.replace(req, lagged=True)
+
+
+def _reach(req: Requirement) -> List:
+    """The plans whose updated ranges `req`'s bound reads, directly or through theirs."""
+    reach, stack = [], [req]
+    while stack:
+        for source in stack.pop().sources():
+            if not isinstance(source, tf.Operation) and not any(source is r for r in reach):
+                reach.append(source)
+                stack.extend(r for r in source.requirements if not r.lagged)
+    return reach
 
 
