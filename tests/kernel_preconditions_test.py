@@ -87,6 +87,14 @@ def _relu6_net():
     return x, tf.identity(tf1.layers.conv2d(a, 2, 1, name="c"), name="output")
 
 
+def _large_product_net():
+    """Wide input and weight ranges before a nearly dead output range."""
+    x = _image_input()
+    a = tf1.layers.conv2d(x, 4, 1, name="a", activation=tf.nn.relu,
+                          kernel_initializer=tf1.constant_initializer(1e4))
+    return x, tf.identity(tf1.layers.conv2d(a, 2, 1, name="c"), name="output")
+
+
 def _bias_net(batch_norm):
     """A nearly dead ReLU before a layer with a large bias and small weights."""
     def build():
@@ -117,6 +125,9 @@ _CASES = {
                             "moments/squared_difference_quant": (0.0, 0.05)}, ("int8",)),
     "fused_relu6": (_relu6_net, kp.FUSED_RELU6, {"a/act_quant": (0.0, 1e-8)},
                     ("uint8", "int8")),
+    "bias_scale": (_large_product_net, kp.BIAS_SCALE, {"a/input_quant": (-1000.0, 1000.0),
+                                                        "a/act_quant": (0.0, 1e-3)},
+                   ("uint8", "int8")),
     "bias": (_bias_net(False), kp.LAYER_BIAS, {"hidden/act_quant": (0.0, 1e-3),
                                                 "logits/act_quant": (0.0, 110.0)},
              ("uint8", "int8")),
@@ -231,6 +242,8 @@ class TableTest(absltest.TestCase):
         self.assertEqual(kp.HARD_SWISH.constant, 1 / 128)
         # 2 * max(s1, s2) / (2^20 * s_out) < 1.
         self.assertEqual(kp.ADD.constant, 2.0 / 2 ** 20)
+        # |s_in * s_w - float32(s_in * s_w)| / s_out <= 0.02, the rounding up to 2^-24.
+        self.assertEqual(kp.BIAS_SCALE.constant, 2.0 ** -24 / 0.02)
         # (2 * max(s1, s2))^2 / (2^14 * s_out) < 1.
         self.assertEqual(kp.SQUARED_DIFFERENCE.constant, 4.0 / 2 ** 14)
         self.assertEqual(kp.levels(8), 255)
@@ -405,8 +418,10 @@ class PreflightTest(parameterized.TestCase, tf.test.TestCase):
         constrained = [k for k in ranges if k in message]
         self.assertTrue(constrained, message)
         self.assertIn("train", message.lower())
-        self.assertEqual({v.precondition.name for v in raised.exception.violations},
-                         {precondition.name})
+        # A tiny output range can break a layer's bias-scale check as well.
+        self.assertIn(precondition.name, {v.precondition.name for v in raised.exception.violations})
+        self.assertLessEqual({v.precondition.name for v in raised.exception.violations},
+                             {precondition.name, kp.BIAS_SCALE.name})
         self.assertFalse(os.path.exists(os.path.join(self._dir, name)))  # Nothing converted.
         sess.close()
 

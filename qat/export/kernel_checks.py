@@ -198,6 +198,9 @@ def _check(req, values) -> Optional[Violation]:
         ratio = np.divide(magnitude, s_w, out=np.zeros(s_w.shape), where=s_w > 0)
         x = float(np.max(ratio)) if ratio.size else 0.0
         names.append("its bias (largest |bias| %.6g)" % float(np.max(np.abs(bias))))
+    elif p.form == kp.PRODUCT:
+        (i_lo, i_hi, i_levels), (w_lo, w_hi, w_levels) = sources
+        x = (float(np.max(i_hi - i_lo)) / i_levels) * (float(np.max(w_hi - w_lo)) / w_levels)
     else:
         x = max(float(np.max(h - l)) / n for l, h, n in sources)
         if p.form == kp.SQUARE:
@@ -248,6 +251,11 @@ def tflite_violations(report) -> List[str]:
              "SQUARED_DIFFERENCE": kp.SQUARED_DIFFERENCE}
     lines = []
     for op in report.ops:
+        if op.name in _BIAS_SCALE_OPS:
+            line = _bias_scale_violation(op, report)
+            if line:
+                lines.append(line)
+            continue
         p = forms.get(op.name)
         if p is None or not op.outputs:
             continue
@@ -264,3 +272,31 @@ def tflite_violations(report) -> List[str]:
                          + ", ".join(f"{t.name!r} scale {t.scale:.6g}" for t in ins)
                          + f"; the kernel needs more than {required:.6g}: {p.failure}")
     return lines
+
+
+_BIAS_SCALE_OPS = frozenset(["CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV", "FULLY_CONNECTED"])
+
+
+def _bias_scale_violation(op, report) -> Optional[str]:
+    """TFLite's own check of a per-tensor layer's bias scale (kernel_util.cc:319-322)."""
+    # TRANSPOSE_CONV's inputs are (output shape, weights, data[, bias]).
+    data, weights = (2, 1) if op.name == "TRANSPOSE_CONV" else (0, 1)
+    bias = 3 if op.name == "TRANSPOSE_CONV" else 2
+    if len(op.inputs) <= bias or op.inputs[bias] < 0 or not op.outputs:
+        return None
+    t_in, t_w, t_b = (report.tensors[op.inputs[k]] for k in (data, weights, bias))
+    out = report.tensors[op.outputs[0]]
+    per_tensor_check = (np.dtype(t_in.dtype) == np.uint8
+                        or (op.name == "FULLY_CONNECTED" and np.dtype(t_in.dtype) == np.int8))
+    if not per_tensor_check or not (t_in.scale and t_w.scale and t_b.scale and out.scale):
+        return None
+    # A per-channel layer's report shows its first channel's scale: the
+    # kernel checks per-channel int8 convolutions differently (no check).
+    product = float(t_in.scale) * float(t_w.scale)
+    ratio = abs(product - float(np.float32(t_b.scale))) / float(out.scale)
+    if ratio <= 0.02:
+        return None
+    p = kp.BIAS_SCALE
+    return (f"{op.name} #{op.index} ({p.check}): input {t_in.name!r} scale {t_in.scale:.6g} x "
+            f"weights scale {t_w.scale:.6g} against bias scale {t_b.scale:.6g}, output scale "
+            f"{out.scale:.6g}: scale_diff / output_scale = {ratio:.3g} > 0.02; {p.failure}")

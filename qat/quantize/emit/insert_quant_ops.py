@@ -181,11 +181,12 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
             spec.range_of = indices[j]
             spec.range_before_update = plan.before_update
         if config.is_training and plan.requirements:
-            # The ranges its kernel floors read are built first.
+            # The ranges its kernel floors read are built first; those read as
+            # before the update (`lagged`) only need their variables.
             for j in _floor_plans(plan, position):
                 if j not in adding:
                     add(j)
-            spec.floors = tuple(_floors(plan, position, specs, indices))
+            spec.floors = tuple(_floors(plan, position, specs, indices, batch))
         adding.discard(k)
         spec.statistics_of = tuple(plan.members)
         spec.earlier_range = plan.earlier  # A replica's range from an earlier call.
@@ -253,12 +254,12 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
 
 
 def _floor_plans(plan: Plan, position) -> List[int]:
-    """Positions of the plans whose ranges `plan`'s kernel floors read."""
-    return [position[id(s)] for req in plan.requirements for s in req.sources()
-            if not isinstance(s, tf.Operation)]
+    """Positions of the plans whose updated ranges `plan`'s kernel floors read."""
+    return [position[id(s)] for req in plan.requirements if not req.lagged
+            for s in req.sources() if not isinstance(s, tf.Operation)]
 
 
-def _range_input(source, position, specs, indices, lagged: bool
+def _range_input(source, position, specs, indices, lagged: bool, batch
                  ) -> Optional[quantizer_batch.RangeInput]:
     """A floor's `RangeInput` for a plan (built already) or a FakeQuant op."""
     if isinstance(source, tf.Operation):
@@ -273,9 +274,14 @@ def _range_input(source, position, specs, indices, lagged: bool
                                           levels=levels, per_channel=per_channel,
                                           channels=channels)
     j = position[id(source)]
-    if j not in indices:
-        return None  # A cycle of floors: never built before this one.
     spec = specs[j]
+    if j not in indices:
+        if not lagged or spec.fixed_range is not None or spec.per_channel or (
+                spec.earlier_range is not None):
+            return None  # A cycle of floors: never built before this one.
+        return quantizer_batch.RangeInput(  # Its variables, before this step's update.
+            variables=batch.declare(spec),
+            levels=kernel_preconditions.levels(spec.num_bits, spec.narrow_range))
     channels = None
     if spec.per_channel:
         shape = spec.channel_reshape or spec.inputs.shape.as_list()
@@ -286,16 +292,18 @@ def _range_input(source, position, specs, indices, lagged: bool
         before_update=lagged and spec.fixed_range is None)
 
 
-def _floors(plan: Plan, position, specs, indices) -> List[quantizer_batch.WidthFloor]:
+def _floors(plan: Plan, position, specs, indices, batch) -> List[quantizer_batch.WidthFloor]:
     """The width floors of `plan`'s requirements, for its quantizer spec."""
     floors = []
     for req in plan.requirements:
         pre = req.precondition
-        ranges = [_range_input(s, position, specs, indices, req.lagged) for s in req.ranges]
-        weights = (_range_input(req.weights, position, specs, indices, req.lagged)
+        ranges = [_range_input(s, position, specs, indices, req.lagged, batch)
+                  for s in req.ranges]
+        weights = (_range_input(req.weights, position, specs, indices, req.lagged, batch)
                    if req.weights is not None else None)
-        if any(r is None for r in ranges) or (pre.form == kernel_preconditions.BIAS
-                                              and weights is None):
+        if any(r is None for r in ranges) or (
+                pre.form in (kernel_preconditions.BIAS, kernel_preconditions.PRODUCT)
+                and weights is None):
             logging.warning("qat: %s precondition of '%s' not enforced: its ranges form a "
                             "cycle", pre.name, plan.prefix)
             continue

@@ -102,6 +102,8 @@ class QuantizerBatch(range_updates.RangeUpdates):
         self._earlier: List[Optional[tuple]] = []
         # Whether quantizer i's range is a constant (a kernel's fixed grid).
         self._fixed: List[bool] = []
+        # id(spec) -> (name scope, min, max variables) of quantizers declared early.
+        self._declared: Dict[int, tuple] = {}
         self._ranges: List[tuple] = []
         self._device = ""           # Of the quantizer being added.
         self._variable_device = ""
@@ -182,12 +184,11 @@ class QuantizerBatch(range_updates.RangeUpdates):
         if (spec.init_from_first_batch and spec.moving_average and spec.is_training
                 and step is None):
             raise ValueError("init_from_first_batch needs the quantization step.")
-        p = self._nodes.unique_name(spec.prefix)
+        declared = self._declared.pop(id(spec), None)
+        p = declared[0] if declared else self._nodes.unique_name(spec.prefix)
         self._prefixes.append(p)
         self._device, self._variable_device = spec.device, spec.variable_device
-        collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
-        if spec.vars_collection:
-            collections.append(spec.vars_collection)
+        collections = self._collections(spec)
         x = input_ref or self._external(spec.inputs)
         low_dtype = low_precision_dtype(spec.inputs)
         if low_dtype is not None:
@@ -232,9 +233,12 @@ class QuantizerBatch(range_updates.RangeUpdates):
                 hi = self._variables_emitter.snapshot(max_var)
             self._earlier.append(earlier)
         else:
-            var_shape = [int(channels)] if spec.per_channel else []
-            min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
-            max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
+            if declared:
+                min_var, max_var = declared[1:]
+            else:
+                var_shape = [int(channels)] if spec.per_channel else []
+                min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
+                max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
             self._earlier.append(None)
             if spec.is_training:
                 lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
@@ -284,6 +288,32 @@ class QuantizerBatch(range_updates.RangeUpdates):
                              **gradient)
         self._outputs.append(out + ":0")
         return len(self._outputs) - 1
+
+    def declare(self, spec: QuantizerSpec) -> tuple:
+        """Reserves the name scope and adds the range variables of a quantizer
+        `add` builds later (a per-tensor range of its own); returns the names of
+        its (min, max) variables.
+
+        A range a kernel floor reads as it was before this step's update
+        (`RangeInput.variables`) needs only its variables: declared first, it
+        can be read by a quantizer built before it.
+        """
+        if id(spec) not in self._declared:
+            p = self._nodes.unique_name(spec.prefix)
+            device, variable_device = self._device, self._variable_device
+            self._device, self._variable_device = spec.device, spec.variable_device
+            collections = self._collections(spec)
+            self._declared[id(spec)] = (p, self._variable(p, "min", [], spec.init_min, collections),
+                                        self._variable(p, "max", [], spec.init_max, collections))
+            self._device, self._variable_device = device, variable_device
+        return self._declared[id(spec)][1:]
+
+    @staticmethod
+    def _collections(spec: QuantizerSpec) -> List[str]:
+        collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
+        if spec.vars_collection:
+            collections.append(spec.vars_collection)
+        return collections
 
     def _cast(self, name: str, x: str, src: tf.DType, dst: tf.DType, **attrs) -> str:
         """Mixed precision: FakeQuant runs in float32 between two casts."""

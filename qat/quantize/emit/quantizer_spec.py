@@ -53,6 +53,8 @@ class RangeInput:
         FakeQuant reads, updated this step (or, `before_update`, as the
         variables were before the update).
       tensors: the (min, max) tensors of a FakeQuant already in the graph.
+      variables: the (min, max) variables of a quantizer declared but not yet
+        built (`QuantizerBatch.declare`), read as before this step's update.
       constant: the (min, max) of a FakeQuantWithMinMaxArgs.
       levels: its quantization steps (2^b - 1; 2^b - 2 when narrow).
       per_channel: min and max are vectors (reduced to their widest scale,
@@ -62,6 +64,7 @@ class RangeInput:
     """
     index: Optional[int] = None
     tensors: Optional[Tuple[tf.Tensor, tf.Tensor]] = None
+    variables: Optional[Tuple[str, str]] = None
     constant: Optional[Tuple[float, float]] = None
     levels: int = 255
     per_channel: bool = False
@@ -75,8 +78,9 @@ class WidthFloor:
 
     `qat.quantize.plan.kernel_preconditions` declares the forms; with L the
     steps of the floored range, its width must reach `bound * L * X`, X being
-    max(s_in) (RATIO), max(s_in)^2 (SQUARE), max_c(|bias_c| / s_w,c) (BIAS)
-    or 1 (MINIMUM), where s = width / levels of each `RangeInput`.
+    max(s_in) (RATIO), max(s_in)^2 (SQUARE), s_in * max_c(s_w,c) (PRODUCT),
+    max_c(|bias_c| / s_w,c) (BIAS) or 1 (MINIMUM), where s = width / levels of
+    each `RangeInput`.
     """
     name: str
     form: str

@@ -6,7 +6,7 @@ bounds on its range's width, computed in the graph from the ranges, weights
 and bias they depend on (`WidthFloor`; the forms are those of
 `qat.quantize.plan.kernel_preconditions`). After the moving-average step the
 range [lo, hi] (lo <= 0 <= hi) is widened where it falls short of the
-largest floor W:
+largest floor W (`WidthFloor`: RATIO, SQUARE, PRODUCT, BIAS or MINIMUM):
 
     f = max(1, W / (hi - lo)),  lo' = lo * f,  hi' = max(hi * f, lo' + W)
 
@@ -68,6 +68,12 @@ class RangeFloors(object):
             return factor
         if floor.form == kp.BIAS:
             x = self._bias_ratio(q, floor)
+        elif floor.form == kp.PRODUCT:
+            if not floor.ranges or floor.weights is None:
+                return None
+            x = self._node(q + "/scale_product", "Mul",
+                           [self._scale(q + "/input", floor.ranges[0], reduce=True),
+                            self._scale(q + "/weights", floor.weights, reduce=True)], T=_FLOAT)
         else:
             scales = [self._scale(q + "/input_%d" % k, r, reduce=True)
                       for k, r in enumerate(floor.ranges)]
@@ -81,6 +87,9 @@ class RangeFloors(object):
         return self._node(q + "/width", "Mul", [x, factor], T=_FLOAT)
 
     def _range_nodes(self, r: "quantizer_spec.RangeInput"):
+        if r.variables is not None:
+            return tuple(self._variables_emitter.before_update(v, self._variable_device)
+                         for v in r.variables)
         if r.index is not None:
             if r.before_update and not self._fixed[r.index]:
                 min_var, max_var = self._variables[r.index]

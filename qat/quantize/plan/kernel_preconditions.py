@@ -17,6 +17,7 @@ W / (2^b - 2) for narrow-range weights) the forms are:
 
   RATIO    s_out > constant * max(s_in)
   SQUARE   s_out > constant * max(s_in)^2
+  PRODUCT  s_out > constant * s_in * max_c(s_w,c)     (a layer's output)
   BIAS     s_in  > constant * max_c(|b_c| / s_w,c)   (a layer's int32 bias)
   MINIMUM  s_out > constant
 
@@ -36,9 +37,10 @@ from typing import Optional, Tuple
 
 RATIO = "ratio"
 SQUARE = "square"
+PRODUCT = "product"
 BIAS = "bias"
 MINIMUM = "minimum"
-FORMS = (RATIO, SQUARE, BIAS, MINIMUM)
+FORMS = (RATIO, SQUARE, PRODUCT, BIAS, MINIMUM)
 
 # The constrained range.
 OUTPUT = "output"
@@ -89,6 +91,8 @@ class Precondition:
             return f"s_out > {_number(self.constant)} * max(s_in)"
         if self.form == SQUARE:
             return f"s_out > {_number(self.constant)} * max(s_in)^2"
+        if self.form == PRODUCT:
+            return f"s_out > {_number(self.constant)} * s_in * max_c(s_weights_c)"
         if self.form == BIAS:
             return f"s_in > {_number(self.constant)} * max_c(|bias_c| / s_weights_c)"
         return f"s_out > {_number(self.constant)}"
@@ -96,7 +100,8 @@ class Precondition:
 
 def _number(value: float) -> str:
     for name, exact in (("1/128", 1 / 128), ("2^-19", 2.0 ** -19), ("1/4096", 1 / 4096),
-                        ("2^-31", 2.0 ** -31), ("6 * 2^-31", 6 * 2.0 ** -31)):
+                        ("2^-31", 2.0 ** -31), ("6 * 2^-31", 6 * 2.0 ** -31),
+                        ("2^-24 / 0.02", 2.0 ** -24 / 0.02)):
         if value == exact:
             return name
     return f"{value:g}"
@@ -151,6 +156,24 @@ LAYER_BIAS = Precondition(
           "2^31 - 1)",
     failure="wrong outputs, no error")
 
+BIAS_SCALE = Precondition(
+    name="bias scale", tflite_ops=("CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV",
+                                   "FULLY_CONNECTED"),
+    applies_to=("Conv2D", "DepthwiseConv2dNative", "MatMul", "Conv2DBackpropInput"),
+    flavours=BOTH_FLAVOURS, constrained=OUTPUT,
+    relative_to="the layer's input and weight ranges", form=PRODUCT,
+    constant=2.0 ** -24 / 0.02, margin=2.0,
+    # kernel_util.cc:271-274 (uint8 per-tensor convs; FULLY_CONNECTED per
+    # tensor in both flavours, fully_connected.cc:566-572) -> :319-322:
+    # scale_diff = |s_in * s_w - s_bias| (double); TF_LITE_ENSURE(context,
+    # scale_diff / output_scale <= 0.02). The converter stores s_bias = s_in *
+    # s_w rounded to float32 (relative error up to 2^-24), so the check holds
+    # for every rounding when s_in * s_w / s_out <= 0.02 * 2^24 (3.4e5).
+    check="kernel_util.cc:319-322 TF_LITE_ENSURE(scale_diff / output_scale <= 0.02), "
+          "scale_diff = |s_in * s_w - float32(s_in * s_w)| (uint8 per-tensor layers, "
+          "FULLY_CONNECTED with per-tensor weights in both flavours)",
+    failure="Prepare fails: CONV_2D failed to prepare")
+
 FUSED_RELU6 = Precondition(
     name="fused RELU6", tflite_ops=("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED",
                                     "ADD", "SUB"),
@@ -163,7 +186,7 @@ FUSED_RELU6 = Precondition(
     failure="Prepare fails")
 
 PRECONDITIONS: Tuple[Precondition, ...] = (
-    HARD_SWISH, ADD, SQUARED_DIFFERENCE, LAYER_BIAS, FUSED_RELU6)
+    HARD_SWISH, ADD, SQUARED_DIFFERENCE, LAYER_BIAS, BIAS_SCALE, FUSED_RELU6)
 
 # The other integer kernels of ops qat ranges: no condition on scales at
 # Prepare time (LiteRT kernels read at ai-edge-litert 2.3.0).
@@ -181,9 +204,6 @@ NO_PRECONDITION = {
     "GELU": "activations.cc:1626-1660 lookup table, no check",
     "BATCH_MATMUL": "kernel_util.cc:335 input_product_scale >= 0 (always true)",
     "RSQRT": "elementwise.cc:446 (Invoke) input >= its zero point: a nonnegative input",
-    "CONV_2D, FULLY_CONNECTED bias scale": "kernel_util.cc:319-322 |s_in * s_w - s_bias| / "
-                                            "s_out <= 0.02: the converter writes s_bias = "
-                                            "s_in * s_w",
     "QUANTIZE (requantize), PAD, RESHAPE & co": "no scale check",
 }
 

@@ -14,6 +14,8 @@
   range and its bias as the converter computes it (`layer_bias.LayerBias`: the bias
   adds of its tail, a folded batch norm's offset from its moving statistics,
   the constant adds the converter folds into the bias);
+* a layer's bias scale: the layer's output range (after a fused
+  activation), relative to its input and weight ranges;
 * a fused RELU6: its output range (a constant bound).
 
 A range is a `Plan` of this call, or the FakeQuant op of a range built
@@ -113,6 +115,25 @@ def _output_range(planner, op: tf.Operation) -> Optional[RangeSource]:
     return None
 
 
+def _layer_output_range(planner, layer: tf.Operation) -> Optional[RangeSource]:
+    """The range of the tensor TFLite's layer op writes (after a fused activation)."""
+    out = layer_bias_lib.layer_output(planner, layer)
+    if out is None:
+        return None
+    tail = planner.tails[layer]
+    for _ in range(10):
+        found = _range_at(planner, out)
+        if found is not None:
+            return found
+        readers = planner.final_readers(out)
+        if len(readers) == 1 and readers[0] in planner.fused:
+            return _range_at(planner, readers[0].outputs[0])
+        if out.op.type != "Identity" or out.op not in tail or out.op is layer:
+            return None
+        out = out.op.inputs[0]  # An Identity ending the tail reads the range before it.
+    return None
+
+
 def _input_ranges(planner, op: tf.Operation) -> Tuple[RangeSource, ...]:
     """The ranges of `op`'s inputs that have one (data, or quantized parameters)."""
     found = []
@@ -154,10 +175,13 @@ def find_requirements(planner) -> List[Requirement]:
                     add(kp.HARD_SWISH, op, _output_range(planner, op), ranges=(x,))
         elif op in planner.tails:
             weights = _weight_range(planner, op)
+            x = _range_of(planner, qp.data_input(op))
             bias = layer_bias_lib.layer_bias(planner, op)
             if weights is not None and bias is not None:
-                add(kp.LAYER_BIAS, op, _range_of(planner, qp.data_input(op)),
-                    weights=weights, bias=bias)
+                add(kp.LAYER_BIAS, op, x, weights=weights, bias=bias)
+            if weights is not None and x is not None:
+                add(kp.BIAS_SCALE, op, _layer_output_range(planner, op), ranges=(x,),
+                    weights=weights)
         elif op in skip or planner._same_scale(op):  # pylint: disable=protected-access
             continue
         elif op.type in kp.ADD.applies_to + kp.SQUARED_DIFFERENCE.applies_to:

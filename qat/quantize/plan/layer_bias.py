@@ -181,6 +181,23 @@ def layer_bias(planner, layer: tf.Operation) -> Optional[LayerBias]:
     return LayerBias(before, term, later + after)
 
 
+def layer_output(planner, layer: tf.Operation) -> Optional[tf.Tensor]:
+    """The tensor TFLite's layer op writes: its tail's output after the constant
+    adds the converter folds into the bias (None when the layer has none)."""
+    out = planner.outputs.get(layer)
+    if out is None:
+        return None
+    tail = planner.tails[layer]
+    for _ in range(100):
+        readers = planner.final_readers(out, tail)
+        if (len(readers) != 1 or readers[0] not in planner.tail_ops
+                or readers[0] in planner.tails
+                or not converter_rewrites.folded_bias_add(readers[0], out, planner.is_data)):
+            return out
+        out = readers[0].outputs[0]
+    return out
+
+
 def _folded_constant_adds(planner, out: tf.Tensor, tail) -> Optional[List[Tuple[tf.Tensor, float]]]:
     """The constants added after the layer output that the converter folds into its bias
     (as `StructurePlanning._fold_constant_adds` found them)."""
