@@ -206,8 +206,8 @@ def _check(req, values) -> Optional[Violation]:
         if p.form == kp.SQUARE:
             x = x * x
     required = p.constant * x
-    if scale > required:
-        return None
+    if scale > required or not np.isfinite(required) or not np.isfinite(scale):
+        return None  # Non-finite ranges or biases: NonFiniteError names them.
     return Violation(p, req.op.name, req.constrained.name,
                      (float(np.min(lo)), float(np.max(hi))), scale, required, names)
 
