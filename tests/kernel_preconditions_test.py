@@ -256,7 +256,7 @@ class TableTest(absltest.TestCase):
 class FloorTest(tf.test.TestCase):
     """A range constrained by another, after the moving average (one quantizer)."""
 
-    def _ranges(self, in_batch, out_batch, steps=2, bits=8):
+    def _ranges(self, in_batch, out_batch, steps=2, bits=8, symmetric=False):
         graph = tf.Graph()
         with graph.as_default():
             a = tf1.placeholder(tf.float32, [4], name="a")
@@ -271,7 +271,7 @@ class FloorTest(tf.test.TestCase):
                 ranges=(quantizer_batch.RangeInput(index=first, levels=kp.levels(bits)),))
             batch.add(quantizer_batch.QuantizerSpec(
                 b, "net/out_quant", moving_average=True, init_from_first_batch=True,
-                num_bits=bits, floors=(floor,)), step)
+                num_bits=bits, floors=(floor,), symmetric=symmetric), step)
             outputs = batch.build()
             variables = {v.op.name: v for v in graph.get_collection(
                 tf1.GraphKeys.GLOBAL_VARIABLES)}
@@ -283,12 +283,17 @@ class FloorTest(tf.test.TestCase):
                                  variables["net/out_quant/min"],
                                  variables["net/out_quant/max"]])
 
-    def test_a_tiny_range_is_widened_keeping_its_zero_point(self):
+    def test_a_tiny_range_is_widened_at_the_top(self):
         in_lo, in_hi, lo, hi = self._ranges([-20.0, -4.0, -3.5, 0.0], [-0.06, 0.0, 0.02, 0.0])
         self.assertAllClose([in_lo, in_hi], [-20.0, 0.0])
+        self.assertAllClose(lo, -0.06)  # The moving average's, as an empty range's min.
         self.assertAllClose(hi - lo, 20.0 / 128 * kp.HARD_SWISH.margin, rtol=1e-5)
-        # Scaled about 0: the zero point (0.06 / 0.08 of the way) is where it was.
-        self.assertAllClose(-lo / (hi - lo), 0.06 / 0.08, rtol=1e-5)
+
+    def test_a_symmetric_range_is_scaled_about_zero(self):
+        _, _, lo, hi = self._ranges([-20.0, -4.0, -3.5, 0.0], [-0.06, 0.0, 0.02, 0.0],
+                                    symmetric=True)
+        self.assertAllClose(hi - lo, 20.0 / 128 * kp.HARD_SWISH.margin, rtol=1e-5)
+        self.assertAllClose(-lo / (hi - lo), 0.5, atol=0.01)  # Still symmetric.
 
     def test_an_empty_range_becomes_the_floor(self):
         _, _, lo, hi = self._ranges([-20.0, -4.0, -3.5, 0.0], [0.0] * 4)

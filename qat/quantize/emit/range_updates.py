@@ -197,22 +197,25 @@ class RangeUpdates(range_floors.RangeFloors):
 
     def _floored_ema(self, spec, p, min_var, max_var, lo, hi, rate):
         """The moving average, then the kernel floors (`range_floors`), assigned."""
-        reads, targets = [], []
+        need = self._floor_need(spec, p)
+        if need is None:
+            return (self._ema(p + "/AssignMinEma", min_var, lo, rate),
+                    self._ema(p + "/AssignMaxEma", max_var, hi, rate))
+        if not spec.symmetric:
+            # The min as every range's; the max at least the updated min + the floor.
+            new_lo = self._ema(p + "/AssignMinEma", min_var, lo, rate)
+            read, delta = self._ema_delta(p + "/AssignMaxEma", max_var, hi, rate)
+            average = self._node(p + "/AssignMaxEma/average", "Sub", [read, delta], T=_FLOAT)
+            new_hi = self._widen_top(p + "/KernelFloor", new_lo, average, need)
+            return new_lo, self._assign(p + "/AssignMaxEma/floored", max_var, new_hi)
+        averages = []
         for scope, var, value in ((p + "/AssignMinEma", min_var, lo),
                                   (p + "/AssignMaxEma", max_var, hi)):
             read, delta = self._ema_delta(scope, var, value, rate)
-            reads.append(read)
-            targets.append(self._node(scope + "/average", "Sub", [read, delta], T=_FLOAT))
-        targets = self._apply_floors(spec, p, *targets)
-        updated = []
-        for scope, var, read, target in zip((p + "/AssignMinEma", p + "/AssignMaxEma"),
-                                            (min_var, max_var), reads, targets):
-            # The delta that lands on the floored value (as assign_sub, so
-            # updates from several workers still add up).
-            delta = self._node(scope + "/floored_delta", "Sub", [read, target], T=_FLOAT)
-            updated.append(self._variables_emitter.assign_sub(
-                scope, var, delta, device=self._variable_device))
-        return tuple(updated)
+            averages.append(self._node(scope + "/average", "Sub", [read, delta], T=_FLOAT))
+        new_lo, new_hi = self._widen_about_zero(p + "/KernelFloor", *averages, need)
+        return (self._assign(p + "/AssignMinEma/floored", min_var, new_lo),
+                self._assign(p + "/AssignMaxEma/floored", max_var, new_hi))
 
     def _assign(self, scope, var, value):
         return self._variables_emitter.assign(scope, var, value,

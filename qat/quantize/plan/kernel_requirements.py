@@ -275,25 +275,38 @@ def _lag_cycles(planner, plans: List) -> None:
     for plan in plans:
         if plan.shared is not None and not plan.before_update:
             readers.setdefault(id(_owner(plan)), []).append(plan)
+    grouped: Dict[int, bool] = {}  # id(plan) -> its bounds reach a range with members.
+
+    def reaches_members(plan) -> bool:
+        key = id(plan)
+        if key not in grouped:
+            grouped[key] = bool(plan.members)
+            grouped[key] = bool(plan.members) or any(
+                reaches_members(s) for req in plan.requirements if not req.lagged
+                for s in req.sources() if not isinstance(s, tf.Operation))
+        return grouped[key]
+
     for plan in plans:
         down = None
         for k, req in enumerate(plan.requirements):
-            reach = _reach(req)
-            if not plan.members and id(plan) not in readers and not any(r.members for r in reach):
+            sources = [s for s in req.sources() if not isinstance(s, tf.Operation)]
+            if (not plan.members and id(plan) not in readers
+                    and not any(reaches_members(s) for s in sources)):
                 continue  # Every range in reach learns from tensors upstream of the op.
             if down is None:
                 starts = [plan.tensor.op] + [p.tensor.op for p in readers.get(id(plan), [])]
                 down = layer_bias_lib.within(starts, planner.data_ops, forward=True)
-            if any(t.op in down for r in reach for t in [r.tensor] + list(r.members)):
+            if any(t.op in down for r in _reach(req) for t in [r.tensor] + list(r.members)):
                 plan.requirements[k] = dataclasses.replace(req, lagged=True)
 
 
 def _reach(req: Requirement) -> List:
     """The plans whose updated ranges `req`'s bound reads, directly or through theirs."""
-    reach, stack = [], [req]
+    reach, seen, stack = [], set(), [req]
     while stack:
         for source in stack.pop().sources():
-            if not isinstance(source, tf.Operation) and not any(source is r for r in reach):
+            if not isinstance(source, tf.Operation) and id(source) not in seen:
+                seen.add(id(source))
                 reach.append(source)
                 stack.extend(r for r in source.requirements if not r.lagged)
     return reach

@@ -15,7 +15,9 @@ import tensorflow as tf
 
 from qat.engine import marks
 from qat.matching import batch_norm as batch_norm_lib
+from qat.matching import layer_patterns
 from qat.quantize.plan import converter_rewrites
+from qat.quantize.plan import graph as plan_graph
 
 _PASS_THROUGH = frozenset(["Identity", "Reshape", "Squeeze", "ExpandDims",
                            "BatchToSpaceND", "SpaceToBatchND"])
@@ -27,7 +29,8 @@ class BatchNormBias:
     """A batch norm on a layer's path: bias = beta + (x - mean) * gamma / sqrt(var + eps).
 
     `mean` and `variance` hold the moving statistics: tensors, or the
-    variables themselves when `*_is_variable` (a read is emitted).
+    variables themselves when `*_is_variable` (a read is emitted). `scale`,
+    when the training fold computed it already, is gamma / sqrt(var + eps).
     """
     gamma: Optional[tf.Tensor]
     beta: Optional[tf.Tensor]
@@ -37,6 +40,7 @@ class BatchNormBias:
     mean_is_variable: bool = False
     variance_is_variable: bool = False
     dtype: tf.DType = tf.float32
+    scale: Optional[tf.Tensor] = None
 
 
 @dataclasses.dataclass
@@ -55,7 +59,7 @@ class LayerBias:
         found = [t for t, _ in self.before + self.after]
         bn = self.batch_norm
         if bn is not None:
-            found += [t for t in (bn.gamma, bn.beta, bn.mean, bn.variance, bn.epsilon)
+            found += [t for t in (bn.gamma, bn.beta, bn.mean, bn.variance, bn.epsilon, bn.scale)
                       if isinstance(t, tf.Tensor)]
         return found
 
@@ -178,7 +182,42 @@ def layer_bias(planner, layer: tf.Operation) -> Optional[LayerBias]:
     term = _batch_norm_bias(bn)
     if before is None or later is None or term is None:
         return None
+    term.scale = _fold_scale(layer)
     return LayerBias(before, term, later + after)
+
+
+# Between the training fold's scale s and the folded weights w * s: its
+# stop_gradient (or the freeze delay's select), a reshape to the weight
+# layout, a cast in mixed precision.
+_SCALE_PATH = frozenset(["StopGradient", "Reshape", "Cast", "Identity"])
+
+
+def _fold_scale(layer: tf.Operation) -> Optional[tf.Tensor]:
+    """The training fold's s = gamma / sqrt(moving variance + eps) of `layer`, or None.
+
+    The fold quantizes w * s ("mul_fold") and feeds the layer fq(w * s) / s;
+    its s is what the eval graph's folded bias is computed with.
+    """
+    try:
+        w = layer_patterns.weight_input(layer)
+    except ValueError:
+        return None
+    while plan_graph.is_quantized_output(w) and w.op.inputs:  # The weights' quantizer.
+        w = w.op.inputs[1] if w.op.type in ("Select", "SelectV2") else w.op.inputs[0]
+    if w.op.type != "Mul" or not marks.made_by_qat(w.op, marks.FOLD):
+        return None
+    t = w.op.inputs[1]
+    for _ in range(6):
+        if t.op.type in ("Select", "SelectV2"):  # where(frozen, s, stop_gradient(s))
+            t = t.op.inputs[1]
+        elif t.op.type in _SCALE_PATH and t.op.inputs:
+            t = t.op.inputs[0]
+        else:
+            break
+    if t.op.type not in ("Mul", "Rsqrt") or not marks.made_by_qat(t.op, marks.FOLD) \
+            or t.shape.rank != 1:
+        return None
+    return t
 
 
 def layer_output(planner, layer: tf.Operation) -> Optional[tf.Tensor]:
