@@ -81,12 +81,6 @@ def _squared_difference_net():
     return x, tf.identity(tf1.layers.conv2d(d, 2, 1, name="c"), name="output")
 
 
-def _relu6_net():
-    x = _image_input()
-    a = tf1.layers.conv2d(x, 4, 1, name="a", activation=tf.nn.relu6)
-    return x, tf.identity(tf1.layers.conv2d(a, 2, 1, name="c"), name="output")
-
-
 def _large_product_net():
     """Wide input and weight ranges before a nearly dead output range."""
     x = _image_input()
@@ -123,8 +117,6 @@ _CASES = {
                            {"a/act_quant": (-255.0, 255.0),
                             "moments/mean_quant": (-255.0, 255.0),
                             "moments/squared_difference_quant": (0.0, 0.05)}, ("int8",)),
-    "fused_relu6": (_relu6_net, kp.FUSED_RELU6, {"a/act_quant": (0.0, 1e-8)},
-                    ("uint8", "int8")),
     "bias_scale": (_large_product_net, kp.BIAS_SCALE, {"a/input_quant": (-1000.0, 1000.0),
                                                         "a/act_quant": (0.0, 1e-3)},
                    ("uint8", "int8")),

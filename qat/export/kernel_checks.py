@@ -133,16 +133,27 @@ def evaluate(sess: tf.compat.v1.Session, tensors: Dict[str, tf.Tensor]) -> Dict[
         return values
 
 
+# The converter gives an activation range narrower than this (an empty range
+# of an old checkpoint, a live range of 1e-13) this width: measured, a GELU's
+# range [-7.6e-13, 0] became scale 3.92157e-09 = 1e-6 / 255 in both flavours
+# (tests/converter_property_test.py's dead_hard_swish, before the floors).
+CONVERTER_MIN_WIDTH = 1e-6
+
+
 def _range(fq: tf.Operation, values) -> Optional[Tuple[np.ndarray, np.ndarray, float]]:
-    """(min, max, steps) of a FakeQuant, or None when not constant."""
+    """(min, max, steps) of a FakeQuant as the converter reads it, or None when not constant."""
     bits, narrow = int(fq.get_attr("num_bits")), bool(fq.get_attr("narrow_range"))
     levels = float(kp.levels(bits, narrow))
     if fq.type == "FakeQuantWithMinMaxArgs":
-        return np.float64(fq.get_attr("min")), np.float64(fq.get_attr("max")), levels
-    lo, hi = values.get(fq.inputs[1].name), values.get(fq.inputs[2].name)
-    if lo is None or hi is None:
-        return None
-    return np.asarray(lo, np.float64), np.asarray(hi, np.float64), levels
+        lo, hi = np.float64(fq.get_attr("min")), np.float64(fq.get_attr("max"))
+    else:
+        lo, hi = values.get(fq.inputs[1].name), values.get(fq.inputs[2].name)
+        if lo is None or hi is None:
+            return None
+        lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    if not narrow and np.size(hi) == 1:  # An activation range: widened by the converter.
+        hi = np.maximum(hi, lo + CONVERTER_MIN_WIDTH)
+    return lo, hi, levels
 
 
 def _bias(bias, values) -> Optional[np.ndarray]:

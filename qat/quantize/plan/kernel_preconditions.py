@@ -100,8 +100,7 @@ class Precondition:
 
 def _number(value: float) -> str:
     for name, exact in (("1/128", 1 / 128), ("2^-19", 2.0 ** -19), ("1/4096", 1 / 4096),
-                        ("2^-31", 2.0 ** -31), ("6 * 2^-31", 6 * 2.0 ** -31),
-                        ("2^-24 / 0.02", 2.0 ** -24 / 0.02)):
+                        ("2^-31", 2.0 ** -31), ("2^-24 / 0.02", 2.0 ** -24 / 0.02)):
         if value == exact:
             return name
     return f"{value:g}"
@@ -174,19 +173,8 @@ BIAS_SCALE = Precondition(
           "FULLY_CONNECTED with per-tensor weights in both flavours)",
     failure="Prepare fails: CONV_2D failed to prepare")
 
-FUSED_RELU6 = Precondition(
-    name="fused RELU6", tflite_ops=("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED",
-                                    "ADD", "SUB"),
-    applies_to=("Relu6",), flavours=BOTH_FLAVOURS, constrained=OUTPUT,
-    relative_to="a constant", form=MINIMUM, constant=6 * 2.0 ** -31, margin=2.0,
-    # kernel_util.cc:343-349 CalculateActivationRangeQuantizedImpl:
-    # Quantize(6.0 / scale) must fit int32.
-    check="kernel_util.cc:343-349 TF_LITE_ENSURE(no_integer_overflow_from_quantization) "
-          "on 6 / s_out",
-    failure="Prepare fails")
-
 PRECONDITIONS: Tuple[Precondition, ...] = (
-    HARD_SWISH, ADD, SQUARED_DIFFERENCE, LAYER_BIAS, BIAS_SCALE, FUSED_RELU6)
+    HARD_SWISH, ADD, SQUARED_DIFFERENCE, LAYER_BIAS, BIAS_SCALE)
 
 # The other integer kernels of ops qat ranges: no condition on scales at
 # Prepare time (LiteRT kernels read at ai-edge-litert 2.3.0).
@@ -205,6 +193,9 @@ NO_PRECONDITION = {
     "BATCH_MATMUL": "kernel_util.cc:335 input_product_scale >= 0 (always true)",
     "RSQRT": "elementwise.cc:446 (Invoke) input >= its zero point: a nonnegative input",
     "QUANTIZE (requantize), PAD, RESHAPE & co": "no scale check",
+    "a fused RELU6 / RELU_N1_TO_1": "kernel_util.cc:343-349 6 / s_out must fit int32 (W_out > "
+                                    "7.2e-7): the converter widens every activation range to "
+                                    "at least 1e-6",
 }
 
 

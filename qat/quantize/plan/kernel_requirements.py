@@ -15,8 +15,7 @@
   adds of its tail, a folded batch norm's offset from its moving statistics,
   the constant adds the converter folds into the bias);
 * a layer's bias scale: the layer's output range (after a fused
-  activation), relative to its input and weight ranges;
-* a fused RELU6: its output range (a constant bound).
+  activation), relative to its input and weight ranges.
 
 A range is a `Plan` of this call, or the FakeQuant op of a range built
 before (a second call, a user's FakeQuant, a frozen eval graph). `attach`
@@ -189,9 +188,6 @@ def find_requirements(planner) -> List[Requirement]:
             if inputs:
                 precondition = kp.ADD if op.type in kp.ADD.applies_to else kp.SQUARED_DIFFERENCE
                 add(precondition, op, _output_range(planner, op), ranges=inputs)
-    for act in sorted(planner.fused, key=lambda o: o._id):  # pylint: disable=protected-access
-        if act.type in kp.FUSED_RELU6.applies_to:
-            add(kp.FUSED_RELU6, act, _range_at(planner, act.outputs[0]))
     return found
 
 
