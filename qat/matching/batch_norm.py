@@ -285,6 +285,20 @@ def _function_batch_norms(graph: tf.Graph) -> List[Tuple[str, str]]:
     return found
 
 
+_FUSED_MATCHER = GraphMatcher(layer_patterns.FUSED_BATCH_NORM)
+_UNFUSED_MATCHER = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
+
+
+def describe_batch_norm(op: tf.Operation) -> Optional[BatchNorm]:
+    """The batch norm ending at `op` (a FusedBatchNorm*, or the unfused form's
+    final op), as `find_batch_norms` describes it, or None."""
+    match = _FUSED_MATCHER.match_op(op)
+    if match is not None:
+        return _describe_fused(match)
+    match = _UNFUSED_MATCHER.match_op(op)
+    return _describe_unfused(match) if match is not None else None
+
+
 def find_batch_norms(graph: tf.Graph) -> Tuple[List[BatchNorm], List[Tuple[str, str]]]:
     """Finds every batch norm of `graph` by structure.
 

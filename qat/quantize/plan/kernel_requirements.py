@@ -282,18 +282,55 @@ def _lag_cycles(planner, plans: List) -> None:
                 for s in req.sources() if not isinstance(s, tf.Operation))
         return grouped[key]
 
+    order = _topological_positions(planner.data_ops)
+    latest: Dict[int, int] = {}  # id(plan) -> the latest position its bounds learn from.
+
+    def latest_statistics(plan) -> int:
+        key = id(plan)
+        if key not in latest:
+            latest[key] = -1
+            found = [order.get(t.op, -1) for t in [plan.tensor] + list(plan.members)]
+            found += [latest_statistics(s) for req in plan.requirements if not req.lagged
+                      for s in req.sources() if not isinstance(s, tf.Operation)]
+            latest[key] = max(found)
+        return latest[key]
+
     for plan in plans:
-        down = None
+        starts, down = None, None
         for k, req in enumerate(plan.requirements):
             sources = [s for s in req.sources() if not isinstance(s, tf.Operation)]
             if (not plan.members and id(plan) not in readers
                     and not any(reaches_members(s) for s in sources)):
                 continue  # Every range in reach learns from tensors upstream of the op.
-            if down is None:
+            if starts is None:
                 starts = [plan.tensor.op] + [p.tensor.op for p in readers.get(id(plan), [])]
+                first = min(order.get(op, -1) for op in starts)
+            # Only an op after the first start (in a topological order) can depend on it.
+            if max((latest_statistics(s) for s in sources), default=-1) <= first:
+                continue
+            late = [t.op for r in _reach(req) for t in [r.tensor] + list(r.members)
+                    if order.get(t.op, -1) > first]
+            if down is None:
                 down = layer_bias_lib.within(starts, planner.data_ops, forward=True)
-            if any(t.op in down for r in _reach(req) for t in [r.tensor] + list(r.members)):
+            if any(op in down for op in late):
                 plan.requirements[k] = dataclasses.replace(req, lagged=True)
+
+
+def _topological_positions(ops) -> Dict[tf.Operation, int]:
+    """Each op's position in a topological order of `ops` (inputs first)."""
+    pending = {op: sum(1 for t in op.inputs if t.op in ops) for op in ops}
+    ready = [op for op, n in pending.items() if n == 0]
+    order: Dict[tf.Operation, int] = {}
+    while ready:
+        op = ready.pop()
+        order[op] = len(order)
+        for out in op.outputs:
+            for c in out.consumers():
+                if c in pending:
+                    pending[c] -= 1
+                    if pending[c] == 0:
+                        ready.append(c)
+    return order
 
 
 def _reach(req: Requirement) -> List:

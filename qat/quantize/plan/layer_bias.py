@@ -103,16 +103,22 @@ def _terms(ops: Set[tf.Operation], chain: Set[tf.Operation]
     return terms
 
 
-def _batch_norms(planner) -> Dict[tf.Operation, "batch_norm_lib.BatchNorm"]:
-    """{op of a batch norm: its record}, found once per planner."""
-    found = getattr(planner, "_kernel_batch_norms", None)
-    if found is None:
-        found = {}
-        for bn in batch_norm_lib.find_batch_norms(planner.graph)[0]:
-            for op in [bn.op] + list(bn.ops):
-                found[op] = bn
-        planner._kernel_batch_norms = found  # pylint: disable=protected-access
-    return found
+def _batch_norm_on(path: Set[tf.Operation]):
+    """The one batch norm whose ops lie on `path` (None if none or several:
+    then `layer_bias` gives up with the marker `_SEVERAL`)."""
+    found = []
+    for op in sorted(path, key=lambda o: o._id):  # pylint: disable=protected-access
+        if op.type in _PASS_THROUGH or any(op in bn.ops for bn in found):
+            continue
+        bn = batch_norm_lib.describe_batch_norm(op)
+        if bn is not None and not any(b.op is bn.op for b in found):
+            found.append(bn)
+    if len(found) > 1:
+        return _SEVERAL
+    return found[0] if found else None
+
+
+_SEVERAL = object()
 
 
 def _batch_norm_bias(bn) -> Optional[BatchNormBias]:
@@ -161,18 +167,16 @@ def layer_bias(planner, layer: tf.Operation) -> Optional[LayerBias]:
         if terms is None:
             return None
         return LayerBias([], None, [(folded[0].inputs[1], 1.0)] + terms + after)
-    records = {}
+    bn = None
     if any(op.type not in _PASS_THROUGH | _BIAS_ADDS for op in path):
-        records = _batch_norms(planner)
-    bns = {records[op].op: records[op] for op in path if op in records}
-    if len(bns) > 1:
+        bn = _batch_norm_on(path)
+    if bn is _SEVERAL:
         return None
-    if not bns:
+    if bn is None:
         terms = _terms(path, chain)
         if terms is None or not terms + after:
             return None
         return LayerBias(terms, None, after)
-    bn = next(iter(bns.values()))
     # Before the batch norm: what its input is computed from; after it: what
     # its output feeds. The rest computes the batch norm itself.
     before_ops = (within(bn.input.op, path, forward=False) if bn.input.op in path
