@@ -6,6 +6,7 @@ inserts FakeQuant ops. Call the training variant after building the model and
 loss and before `optimizer.minimize()`; build the eval graph separately (same
 model code) and call the eval variant on it. Both return None.
 """
+import dataclasses
 from typing import Optional
 
 import tensorflow as tf
@@ -18,21 +19,42 @@ from qat.quantize import embeddings
 from qat.quantize import layer_norm
 
 
-def _create_graph(input_graph: Optional[tf.Graph], caller: str,
-                  **settings) -> None:
-    graph = preconditions.resolve_graph(input_graph, caller)
-    config = config_lib.RewriteConfig(**settings)
+@dataclasses.dataclass
+class RewriteResult:
+    """What one rewrite of a graph did: the fold's and the quantize pass's results."""
+    fold: fold_lib.FoldResult
+    quantize: quantize.QuantizeResult
+
+
+def rewrite_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> RewriteResult:
+    """Every pass, in order, on a resolved graph with a validated configuration.
+
+    The frontends' common entry: `create_*_graph` on a tf.compat.v1 graph, and
+    `qat.quantize_model` on the graph of a tf.function being traced.
+
+    Raises:
+      ValueError: optimizer ops in the graph, or an earlier rewrite with
+        other settings; the graph is then unchanged.
+    """
     # Refuse before the fold pass edits anything.
     preconditions.check_no_optimizer_ops(graph)
     preconditions.check_previous_rewrite(graph, "fold", fold_lib.fold_record(config))
     preconditions.check_previous_rewrite(graph, "quantize", quantize.quantize_record(config))
-    if config.is_training:
-        preconditions.warn_existing_gradients(graph)
     with graph.as_default():
         layer_norm.unfuse_layer_norms(graph)
         embeddings.split_resource_gathers(graph)
-        fold_lib.fold_graph(graph, config)
-        quantize.quantize_graph(graph, config)
+        folded = fold_lib.fold_graph(graph, config)
+        return RewriteResult(folded, quantize.quantize_graph(graph, config))
+
+
+def _create_graph(input_graph: Optional[tf.Graph], caller: str,
+                  **settings) -> None:
+    graph = preconditions.resolve_graph(input_graph, caller)
+    config = config_lib.RewriteConfig(**settings)
+    preconditions.check_no_optimizer_ops(graph)
+    if config.is_training:
+        preconditions.warn_existing_gradients(graph)
+    rewrite_graph(graph, config)
 
 
 def create_training_graph(input_graph: Optional[tf.Graph] = None,
