@@ -126,9 +126,11 @@ def model_call(model, input_signature: Optional[Sequence[tf.TensorSpec]]) -> Mod
             f"callable of tensors; got {type(model).__name__}, which is not callable.")
     name = getattr(model, "name", None) or getattr(model, "__name__", None) or type(model).__name__
     keras = is_keras_model(model)
-    fn = model if keras else getattr(model, "__call__")
-    if isinstance(model, tf.types.experimental.PolymorphicFunction):
-        fn = model
+    fn = model
+    if not keras and not inspect.isroutine(model) and not hasattr(model, "python_function"):
+        method = getattr(model, "__call__")  # A tf.Module's tf.function __call__?
+        if hasattr(method, "python_function"):
+            fn = method
     stated = _stated_signature(model, fn)
     if hasattr(fn, "python_function"):  # A tf.function: trace its Python code.
         fn = fn.python_function

@@ -63,10 +63,11 @@ def _methods(base):
             """`tf.saved_model.save(qm, path)`'s `serving_default`: the eval rewrite."""
             return self._qat.value.functions[False]
 
-        def _get_save_spec(self, dynamic_batch=True):
+        def _get_save_spec(self, dynamic_batch=True, inputs_only=True):
             del dynamic_batch
             specs = self._qat.value.call.signature
-            return specs[0] if len(specs) == 1 else list(specs)
+            specs = specs[0] if len(specs) == 1 else list(specs)
+            return specs if inputs_only else ((specs,), {})
 
         @property
         def rewriter(self) -> rewriter_lib.FunctionRewriter:

@@ -123,4 +123,6 @@ class FunctionRewriter(object):
 
 
 def _identifier(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in str(name)) or "model"
+    """`name` as a valid root name scope (`<lambda>` -> `lambda`)."""
+    cleaned = "".join(c if c.isalnum() or c in "_.-" else "_" for c in str(name))
+    return cleaned.strip("_.-") or "model"
