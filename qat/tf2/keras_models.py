@@ -50,13 +50,24 @@ def _methods(base):
             weight = self.add_weight(
                 name=name.replace("/", "."), shape=tuple(shape), dtype=dtype.name,
                 initializer=functools.partial(_constant, value), trainable=False)
-            variable = weight if isinstance(weight, tf.Variable) else weight.value
+            variable = _tf_variable(weight)
             self.qat_ranges.ordered.append(variable)
             return variable
 
         def call(self, inputs, training=None):
             flat = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
             return self._qat.value(flat, bool(training))
+
+        def _trackable_children(self, save_type="checkpoint", **kwargs):
+            children = super()._trackable_children(save_type, **kwargs)
+            if save_type == "savedmodel":
+                # Keras 3 weights wrap a tf.Variable; a SavedModel's functions
+                # capture the tf.Variable, which must be an object of the
+                # SavedModel for its loader and TF's converter to freeze it.
+                holder = ranges.RangeHolder()
+                holder.ordered = [_tf_variable(v) for v in self.model.variables]
+                children["qat_model_variables"] = holder
+            return children
 
         @property
         def _default_save_signature(self):
@@ -82,6 +93,11 @@ def _methods(base):
             return self._qat.value.inference_function()
 
     return QuantizedKerasModel
+
+
+def _tf_variable(weight) -> tf.Variable:
+    """The tf.Variable of a Keras 3 weight (a tf_keras weight is one)."""
+    return weight if isinstance(weight, tf.Variable) else weight.value
 
 
 def _constant(value, shape=None, dtype=None):

@@ -57,8 +57,9 @@ def quantize_model(model,
       weight_bits: weight bit width, 2..8.
       activation_bits: activation bit width, 2..8.
       symmetric: symmetric ranges for weights and activations.
-      quant_delay: training steps (calls with `training=True`, counted by
-        qat's step counter) before the FakeQuant outputs are used.
+      quant_delay: the FakeQuant outputs are used from the training call
+        (`training=True`, counted by qat's step counter from 1) whose count
+        reaches it; 0: from the first.
       freeze_bn_delay: training steps after which batch norms use their
         moving statistics and stop updating them; None: never.
       scope: only layers whose op names start with it are quantized.

@@ -21,6 +21,7 @@ import tensorflow as tf
 from qat import api
 from qat.engine import config as config_lib
 from qat.engine import function_graphs
+from qat.matching import layer_patterns
 from qat.tf2 import calls
 from qat.tf2 import ranges
 
@@ -51,6 +52,8 @@ class FunctionRewriter(object):
         self.left_float: Dict[bool, List[str]] = {True: [], False: []}
         self.quantizer_names: Dict[bool, List[str]] = {True: [], False: []}
         self.model_variables: List[tf.Variable] = []
+        self._planned_layers = set()
+        self._error = None
 
     def _traced(self, training: bool):
         def quantized_model(*inputs):
@@ -67,12 +70,39 @@ class FunctionRewriter(object):
         flat = tf.nest.flatten(outputs)
         ends = [tf.identity(t) for t in flat]
         with function_graphs.editing(graph, self.store):
-            result = api.rewrite_graph(graph, self.configs[training])
+            try:
+                result = api.rewrite_graph(graph, self.configs[training])
+            except ranges.UnplannedRangeError as e:
+                self._error = ranges.UnplannedRangeError(f"{e}{self._new_layers(graph)}")
+                raise self._error
+            except (ValueError, TypeError) as e:
+                self._error = e  # Kept: autograph re-raises it as another type.
+                raise
+            if self.store.planning:
+                self._planned_layers = {op.name for op in layer_patterns.layer_ops(graph)}
         self.quantizer_names[training] = result.quantize.names
         self.left_float[training] = (
             [f"{s.name}: batch norm not folded: {s.reason}" for s in result.fold.skipped]
             + [f"{item.name}: {item.reason}" for item in result.quantize.left_float])
         return tf.nest.pack_sequence_as(outputs, ends)
+
+    def _new_layers(self, graph: tf.Graph) -> str:
+        """The layer ops of `graph` the planning trace did not have, as a sentence."""
+        new = [f"{op.name} ({op.type})" for op in layer_patterns.layer_ops(graph)
+               if op.name not in self._planned_layers]
+        return f" Layers this call has that the plan had not: {', '.join(new)}." if new else ""
+
+    def _traced_call(self, fn, *args):
+        """`fn(*args)`, re-raising qat's own error of a trace as it was raised."""
+        self._error = None
+        try:
+            return fn(*args)
+        except Exception as e:  # pylint: disable=broad-except
+            if self._error is not None and e is not self._error:
+                raise self._error from None
+            raise
+        finally:
+            self._error = None
 
     def plan(self) -> tf.types.experimental.ConcreteFunction:
         """Traces the training function once: every range is made here.
@@ -82,7 +112,7 @@ class FunctionRewriter(object):
             variables, or nothing to quantize.
         """
         try:
-            concrete = self.functions[True].get_concrete_function()
+            concrete = self._traced_call(self.functions[True].get_concrete_function)
         except (ValueError, TypeError) as e:
             if isinstance(e, ranges.UnplannedRangeError):
                 raise
@@ -115,11 +145,11 @@ class FunctionRewriter(object):
             raise ValueError(
                 f"{self.call.name} takes {len(self.call.signature)} input(s) "
                 f"({self.call.signature}); got {len(inputs)}.")
-        return self.functions[training](*inputs)
+        return self._traced_call(self.functions[training], *inputs)
 
     def inference_function(self) -> tf.types.experimental.ConcreteFunction:
         """The eval function, traced for the input signature."""
-        return self.functions[False].get_concrete_function()
+        return self._traced_call(self.functions[False].get_concrete_function)
 
 
 def _identifier(name: str) -> str:
