@@ -14,7 +14,10 @@ No trackable object is passed to the converter: with one, variables a model
 reads through a gather (a Keras 3 `Embedding`) stay `READ_VARIABLE` ops that
 fail at invoke; without it every captured variable is frozen.
 """
+import contextlib
 import dataclasses
+import logging
+import warnings
 from typing import List
 
 import tensorflow as tf
@@ -84,8 +87,8 @@ def convert_function(function: tf.types.experimental.ConcreteFunction,
     Raises:
       ConversionError: the converter failed (its message is included).
     """
-    with context.eager_mode():  # Else TF's converter falls back to TF1's.
-        try:
+    with context.eager_mode(), _expected_converter_warnings_silenced():
+        try:  # Eager: else TF's converter falls back to TF1's.
             converter = tf.lite.TFLiteConverter.from_concrete_functions([function])
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
             float_inputs = [t for t in function.inputs
@@ -99,3 +102,37 @@ def convert_function(function: tf.types.experimental.ConcreteFunction,
             raise ConversionError(
                 f"TF 2 converter (from_concrete_functions) failed on {function.name}: "
                 f"{type(e).__name__}: {str(e)[:2000]}") from e
+
+
+@contextlib.contextmanager
+def _expected_converter_warnings_silenced():
+    """Silences two converter warnings about what this module does on purpose.
+
+    "Please consider providing the trackable_obj argument" (no trackable
+    object: see the module docstring) and "Statistics for quantized inputs
+    were expected" (the inputs' ranges are the FakeQuant ops reading them).
+    """
+    tf_logger = logging.getLogger("tensorflow")
+    absl_logger = logging.getLogger("absl")
+    quiet = _DropMessages(("trackable_obj",))
+    tf_logger.addFilter(quiet)
+    absl_logger.addFilter(quiet)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Statistics for quantized inputs")
+            yield
+    finally:
+        tf_logger.removeFilter(quiet)
+        absl_logger.removeFilter(quiet)
+
+
+class _DropMessages(logging.Filter):
+    """Drops log records containing any of `needles`."""
+
+    def __init__(self, needles):
+        super().__init__()
+        self._needles = needles
+
+    def filter(self, record):
+        message = record.getMessage()
+        return not any(n in message for n in self._needles)

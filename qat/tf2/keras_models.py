@@ -85,6 +85,13 @@ def _methods(base):
             """The training and eval functions, and what each trace left float."""
             return self._qat.value
 
+        @property
+        def left_float(self):
+            """What the rewrite left float, each with the reason (as the graph path
+            logs it): batch norms not folded, layers it cannot reach."""
+            rewriter = self._qat.value
+            return sorted(set(rewriter.left_float[True]) | set(rewriter.left_float[False]))
+
         def inference_function(self) -> tf.types.experimental.ConcreteFunction:
             """The eval rewrite as a concrete function, for TF 2's TFLite converter.
 
