@@ -85,10 +85,13 @@ def _data(steps: int, seed: int):
 
 class _Probe(object):
     """Records, in every replica's training trace, each qat FakeQuant's input
-    batch min and max into variables of that replica's device."""
+    batch min and max, and the range the FakeQuant read, into variables of
+    that replica's device."""
 
     def __init__(self):
-        self.values = {}    # (replica, quantizer prefix) -> (min var, max var)
+        # (replica, quantizer prefix) -> variables (batch min, batch max, the
+        # FakeQuant's min, max).
+        self.values = {}
         self.graphs = {}    # replica -> its training trace's graph
 
     @contextlib.contextmanager
@@ -121,17 +124,27 @@ class _Probe(object):
                 with tf.init_scope(), tf.device(DEVICES[replica]):
                     self.values[key] = tuple(
                         resource_variable_ops.ResourceVariable(0.0, trainable=False)
-                        for _ in range(2))
-            lo, hi = self.values[key]
+                        for _ in range(4))
+            probes = self.values[key]
             with graph.as_default():
-                lo.assign(tf.reduce_min(op.inputs[0]))
-                hi.assign(tf.reduce_max(op.inputs[0]))
+                probes[0].assign(tf.reduce_min(op.inputs[0]))
+                probes[1].assign(tf.reduce_max(op.inputs[0]))
+                probes[2].assign(op.inputs[1])
+                probes[3].assign(op.inputs[2])
 
     def batch_ranges(self):
         """{prefix: [(min, max) of each replica]} of the latest step."""
+        return self._read(0)
+
+    def fake_quant_ranges(self):
+        """{prefix: [the (min, max) each replica's FakeQuant read]} of the latest step."""
+        return self._read(2)
+
+    def _read(self, first: int):
         found = {}
-        for (replica, prefix), (lo, hi) in sorted(self.values.items()):
-            found.setdefault(prefix, []).append((lo.numpy(), hi.numpy()))
+        for (_, prefix), probes in sorted(self.values.items()):
+            found.setdefault(prefix, []).append(
+                (probes[first].numpy(), probes[first + 1].numpy()))
         return found
 
 
@@ -221,6 +234,10 @@ class MirroredStrategyTest(absltest.TestCase):
                        _components(ranges[prefix + "/max"])[0])
                 np.testing.assert_allclose(got, expected[prefix], rtol=1e-6, atol=1e-7,
                                            err_msg=f"{prefix} after step {step + 1}")
+                # Every replica's training FakeQuant read the range updated
+                # with this step's batch.
+                for read in probe.fake_quant_ranges()[prefix]:
+                    np.testing.assert_array_equal(read, got, err_msg=prefix)
         return expected
 
     def test_keras_gradient_tape_steps_restore_into_single_device(self):
@@ -289,6 +306,9 @@ class MirroredStrategyTest(absltest.TestCase):
         np.testing.assert_allclose(
             (_components(ranges[prefix + "/min"])[0], _components(ranges[prefix + "/max"])[0]),
             previous, rtol=1e-6)
+        # The eval function in the replicas (evaluate runs it in strategy.run).
+        loss = qm.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+        self.assertTrue(np.isfinite(loss))
 
     def test_tf_module_quantized_outside_the_scope(self):
         with self.strategy.scope():
