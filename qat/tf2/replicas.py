@@ -66,9 +66,9 @@ def variable_handles(variable: tf.Variable) -> Tuple[tf.Tensor, Sequence[tf.Tens
     """The handle a trace reads `variable` through, and further ones to update.
 
     Replica context: the replica's own component (TensorFlow's
-    `DistributedVariable.handle`). Cross-replica context: the primary
-    component, and every other component for the updates. A plain variable:
-    its handle.
+    `DistributedVariable.handle`). Cross-replica context, or outside the
+    strategy: the primary component, and every other component for the
+    updates. A plain variable: its handle.
 
     Raises:
       NotMirroredError: a plain variable read by a replica of a strategy
@@ -86,7 +86,11 @@ def variable_handles(variable: tf.Variable) -> Tuple[tf.Tensor, Sequence[tf.Tens
                 "strategy.scope(): qm = qat.quantize_model(model)`), so qat's "
                 "variables are made under the strategy as the model's are.")
         return variable.handle, ()
-    if tf.distribute.in_cross_replica_context() or not tf.distribute.has_strategy():
+    if not tf.distribute.has_strategy():
+        # TensorFlow's handle there: the primary's (or the one a SavedModel
+        # saves); the updates go to every component.
+        return variable.handle, tuple(c.handle for c in variable.values[1:])
+    if tf.distribute.in_cross_replica_context():
         components = variable.values
         return components[0].handle, tuple(c.handle for c in components[1:])
     return variable.handle, ()
