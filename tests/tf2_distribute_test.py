@@ -211,8 +211,9 @@ class MirroredStrategyTest(absltest.TestCase):
         dataset = strategy.experimental_distribute_dataset(
             tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH))
         ranges = _ranges(qm)
-        expected = {name[:-len("/min")]: (_components(v)[0], _components(ranges[name[:-4] + "/max"])[0])
-                    for name, v in ranges.items() if name.endswith("/min")}
+        prefixes = [name[:-len("/min")] for name in ranges if name.endswith("/min")]
+        expected = {p: (_components(ranges[p + "/min"])[0], _components(ranges[p + "/max"])[0])
+                    for p in prefixes}
         for step, (bx, by) in enumerate(dataset):
             train_step(bx, by)
             # The mirrors of every qat variable are equal on both devices.
