@@ -11,6 +11,13 @@ bridges:
   quantized model), and the function reads and updates them through their
   captured handles, as it does the model's own variables. Each is watched by
   the graph, so TF 2's converter freezes it and `tf.GradientTape` sees it.
+* Replicas. Under a `tf.distribute` strategy the store's variables are
+  mirrored (one component per replica device). The store says which
+  component a trace reads and updates (`VariableStore.handles`: in replica
+  context its replica's own, in cross-replica context the primary, with the
+  updates written to every component) and how a training trace combines the
+  replicas' range statistics (`VariableStore.range_all_reduce`), so every
+  replica computes the same new range and the mirrors stay equal.
 * Tensor identity. TF 2 makes graph tensors of a function unhashable and
   `==` an op; the passes key dicts and sets by tensor. `editing(graph)` gives
   tensors graph-mode identity semantics for the duration of a rewrite.
@@ -27,7 +34,7 @@ Example::
 """
 import contextlib
 import threading
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -57,6 +64,20 @@ class VariableStore(object):
           A resource `tf.Variable` (not trainable).
         """
         raise NotImplementedError
+
+    def handles(self, variable: tf.Variable) -> Tuple[tf.Tensor, Sequence[tf.Tensor]]:
+        """The handle this trace reads `variable` through, and further handles
+        each of its updates is also written to (none for a plain variable)."""
+        return variable.handle, ()
+
+    def range_all_reduce(self):
+        """What combines the replicas' batch statistics in this trace, or None.
+
+        An object with `emit(nodes, scope, value, merge_op)`
+        (`qat.quantize.range_updates` calls it; see
+        `qat.quantize.worker_ranges.WorkerAllReduce`).
+        """
+        return None
 
 
 _ACTIVE = threading.local()
@@ -106,10 +127,26 @@ def captured_handle(graph: tf.Graph, variable: tf.Variable) -> tf.Tensor:
     Watching makes it one of the function's variables: TF 2's converter
     freezes it to its value and savers find it.
     """
-    handle = variable.handle
-    if isinstance(handle, tf.__internal__.EagerTensor) or handle.graph is not graph:
-        handle = graph.capture(handle)
+    return captured_handles(graph, variable)[0]
+
+
+def captured_handles(graph: tf.Graph, variable: tf.Variable
+                     ) -> Tuple[tf.Tensor, Sequence[tf.Tensor]]:
+    """`variable`'s handles inside `graph`: (read, further ones to update).
+
+    Which handles: the active store's `handles` (a mirrored variable's
+    component), else the variable's own.
+    """
+    store = active_store()
+    read, mirrors = (store.handles(variable) if store is not None
+                     else (variable.handle, ()))
     graph.watch_variable(variable)
+    return _capture(graph, read), [_capture(graph, h) for h in mirrors]
+
+
+def _capture(graph: tf.Graph, handle: tf.Tensor) -> tf.Tensor:
+    if isinstance(handle, tf.__internal__.EagerTensor) or handle.graph is not graph:
+        return graph.capture(handle)
     return handle
 
 
@@ -128,16 +165,23 @@ def store_variable(graph: tf.Graph, name: str, dtype: tf.DType, shape,
             "would be a new one at every call.")
     value = np.broadcast_to(np.asarray(initial_value, dtype.as_numpy_dtype),
                             tf.TensorShape(shape).as_list())
-    with tf.init_scope(), tf.variable_creator_scope(_plain_variable):
+    with tf.init_scope(), tf.variable_creator_scope(_qat_variable):
         return store.variable(name, dtype, list(value.shape), np.array(value))
 
 
-def _plain_variable(next_creator, **kwargs):
+def _qat_variable(next_creator, **kwargs):
     """Makes a plain eager variable even while a tf.function is first traced.
 
     `tf.function` turns the variables its first trace makes into
     `UnliftedInitializerVariable`s, initialised by the function and owned by
     nobody; qat's belong to the quantized model.
+
+    Under a `tf.distribute` strategy the variable is mirrored (the strategy's
+    creator runs next) with aggregation ONLY_FIRST_REPLICA: qat's updates
+    write each component with the value every replica computes alike, and an
+    assignment through the variable's API in replica context (not qat's)
+    takes the first replica's value instead of letting the mirrors drift.
     """
     kwargs["experimental_enable_variable_lifting"] = False
+    kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
     return next_creator(**kwargs)

@@ -28,10 +28,13 @@ class after the import.
 
 The graph of a `tf.function` gets neither: its variables are made once,
 eagerly, by the rewrite's `qat.engine.function_graphs.VariableStore`
-(`CAPTURED`), and the graph reads and updates their captured handles.
+(`CAPTURED`), and the graph reads and updates their captured handles. A
+mirrored variable (under a `tf.distribute` strategy) is read and updated
+through the component the store names: its replica's in replica context; in
+cross-replica context the primary, each update written to every component.
 """
 import sys
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import variable_pb2
@@ -126,8 +129,11 @@ class VariableEmitter(object):
         self._dtypes: Dict[str, tf.DType] = {}
         self._before: Dict[str, str] = {}
         # CAPTURED: variable name -> the batch's name for its captured handle,
-        # and the variables themselves.
+        # the further handles its updates are written to (the other
+        # components of a mirrored variable in cross-replica context), and
+        # the variables themselves.
         self._handles: Dict[str, str] = {}
+        self._mirrors: Dict[str, List[str]] = {}
         self.captured: Dict[str, tf.Variable] = {}
 
     @classmethod
@@ -170,8 +176,9 @@ class VariableEmitter(object):
             variable = function_graphs.store_variable(graph, name, dtype, shape,
                                                       initial_array)
             self.captured[name] = variable
-            self._handles[name] = self._nodes.external(
-                function_graphs.captured_handle(graph, variable))
+            read, mirrors = function_graphs.captured_handles(graph, variable)
+            self._handles[name] = self._nodes.external(read)
+            self._mirrors[name] = [self._nodes.external(h) for h in mirrors]
             self._read(self.snapshot(name), name, device, (), attrs)
             return None
         if self.is_resource:
@@ -234,8 +241,13 @@ class VariableEmitter(object):
             name = scope if op == "Assign" else scope + "/" + op + "VariableOp"
             update = node(name, op + "VariableOp", [self._handle(variable), value],
                           device=device, dtype=dtype, **attrs)
+            # The same update of every further component (equal before it).
+            updates = [update] + [
+                node(self._nodes.unique_name("%s_mirror_%d" % (name, k)), op + "VariableOp",
+                     [handle, value], device="", dtype=dtype, **attrs)
+                for k, handle in enumerate(self._mirrors.get(variable, ()), 1)]
             read = scope + ("/ReadVariableOp" if op == "Assign" else "/ReadVariableOp_1")
-            return self._read(read, variable, device, [update], attrs)
+            return self._read(read, variable, device, updates, attrs)
         control = [self.before_update(variable, device, **attrs)]
         extra = {"validate_shape": True} if op == "Assign" else {}
         name = scope if op == "Assign" else scope + "/" + op

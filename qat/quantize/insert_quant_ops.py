@@ -24,6 +24,7 @@ from absl import logging
 import tensorflow as tf
 
 from qat.engine import config as config_lib
+from qat.engine import function_graphs
 from qat.engine import marks
 from qat.engine import placement as placement_lib
 from qat.engine import preconditions
@@ -89,6 +90,20 @@ class QuantizeResult:
     def names(self) -> List[str]:
         """The quantizers' name scopes."""
         return [q.name for q in self.quantizers]
+
+
+def _range_all_reduce(graph: tf.Graph):
+    """What makes a training graph's ranges equal on every worker or replica.
+
+    A tf.function's graph: its variable store's answer (TF 2 replicas,
+    `qat.tf2.replicas`); a graph: the multi-worker all-reduce of
+    `qat.quantize.worker_ranges` (replicas in one graph share their update
+    op instead, `qat.quantize.replicas`).
+    """
+    if function_graphs.is_function_graph(graph):
+        store = function_graphs.active_store()
+        return store.range_all_reduce() if store is not None else None
+    return worker_ranges.for_current_strategy()
 
 
 def _in_scope_name(name: str, scope: Optional[str]) -> bool:
@@ -222,9 +237,9 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
     step = step_counter.step_for(rewrite) if config.is_training or config.quant_delay else None
     placement = placement_lib.Placement(graph)
     specs = [_spec(plan, config, placement) for plan in plans]
-    all_reduce = worker_ranges.for_current_strategy() if config.is_training else None
+    all_reduce = _range_all_reduce(graph) if config.is_training else None
     for spec in specs:
-        spec.all_reduce = all_reduce  # Ranges equal on every worker.
+        spec.all_reduce = all_reduce  # Ranges equal on every worker / replica.
     indices = {}   # plan position -> quantizer index
     quantized = {}  # tensor -> node its consumers read instead
 

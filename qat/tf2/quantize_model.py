@@ -7,6 +7,7 @@ from qat.engine import config as config_lib
 from qat.tf2 import calls
 from qat.tf2 import keras_models
 from qat.tf2 import module as module_lib
+from qat.tf2 import replicas
 
 
 def quantize_model(model,
@@ -80,6 +81,13 @@ def quantize_model(model,
       `qm.inference_function()` is the eval rewrite as a concrete function
       for `tf.lite.TFLiteConverter.from_concrete_functions`.
 
+      Under a `tf.distribute.MirroredStrategy` (call `quantize_model` inside
+      `strategy.scope()`, or on a model built there), the ranges are
+      mirrored and `qm(x, training=True)` in `strategy.run` keeps one range
+      per tensor for all replicas: the min of the replicas' batch mins and
+      the max of their batch maxes, then one moving-average step
+      (`qat.tf2.replicas`).
+
     Raises:
       ValueError: no input signature where the model states none, a model
         that refuses its signature, reads no variable, or has nothing to
@@ -99,8 +107,11 @@ def quantize_model(model,
     flavour = calls.keras_flavour(model)
     if flavour is not None:
         _build_keras_model(model, call)
-        return keras_models.model_class(flavour)(model, call, configs)
-    return module_lib.QuantizedModule(model, call, configs)
+    # Under tf.distribute: qat's variables mirrored as the model's are.
+    with replicas.creation_scope(model):
+        if flavour is not None:
+            return keras_models.model_class(flavour)(model, call, configs)
+        return module_lib.QuantizedModule(model, call, configs)
 
 
 def _build_keras_model(model, call: calls.ModelCall) -> None:

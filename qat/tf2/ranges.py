@@ -13,6 +13,10 @@ tracks, or a Keras weight of the quantized Keras model, so checkpoints,
 plan made them, which is the same for every model built from the same code:
 a checkpoint restores into a freshly built quantized model whatever names
 Keras gave its layers in that process.
+
+Under a `tf.distribute` strategy the variables are mirrored and each
+replica's trace uses its own component; the replicas' range statistics are
+combined before every update (`qat.tf2.replicas`).
 """
 from typing import Callable, Dict, List, Sequence
 
@@ -20,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from qat.engine import function_graphs
+from qat.tf2 import replicas
 
 # make(name, dtype, shape, initial value) -> a resource tf.Variable.
 MakeFn = Callable[[str, tf.DType, Sequence[int], np.ndarray], tf.Variable]
@@ -72,6 +77,15 @@ class RangeStore(function_graphs.VariableStore):
                 f"{list(shape)}; the plan made it {found.dtype.base_dtype.name} "
                 f"{found.shape.as_list()} (the model's shapes differ between calls).")
         return found
+
+    def handles(self, variable):
+        """Under a strategy: its replica's component (`qat.tf2.replicas`)."""
+        return replicas.variable_handles(variable)
+
+    def range_all_reduce(self):
+        """Under a strategy, in replica context: the replicas' all-reduce
+        (none for the plan, which is traced, never run)."""
+        return None if self.planning else replicas.all_reduce_for_trace()
 
 
 class RangeHolder(tf.Module):

@@ -24,6 +24,7 @@ from qat.engine import function_graphs
 from qat.matching import layer_patterns
 from qat.tf2 import calls
 from qat.tf2 import ranges
+from qat.tf2 import replicas
 
 
 class FunctionRewriter(object):
@@ -112,7 +113,18 @@ class FunctionRewriter(object):
             variables, or nothing to quantize.
         """
         try:
-            concrete = self._traced_call(self.functions[True].get_concrete_function)
+            replica = replicas.planning_replica()
+            if replica is None:
+                concrete = self._traced_call(self.functions[True].get_concrete_function)
+            else:
+                # Under a strategy, outside strategy.run: planned as replica 0
+                # traces it in strategy.run (the model updating its replica's
+                # variables, as the fold pass recognises), by a function of its
+                # own, which no call reuses.
+                with replica:
+                    planning = tf.function(self._traced(True), input_signature=self.call.signature,
+                                           autograph=True)
+                    concrete = self._traced_call(planning.get_concrete_function)
         except (ValueError, TypeError) as e:
             if isinstance(e, ranges.UnplannedRangeError):
                 raise
@@ -122,8 +134,9 @@ class FunctionRewriter(object):
         finally:
             self.store.planning = False
         qat_variables = {id(v) for v in self.store.ordered}
-        self.model_variables = [v for v in concrete.graph.variables
-                                if id(v) not in qat_variables]
+        # Under a strategy the trace reads components: list their variables.
+        found = {id(v): v for v in map(replicas.container, concrete.graph.variables)}
+        self.model_variables = [v for k, v in found.items() if k not in qat_variables]
         if not self.model_variables:
             raise ValueError(
                 f"qat.quantize_model({self.call.name}): the model reads no tf.Variable. "
