@@ -1,9 +1,11 @@
 """qat: quantization-aware training for TensorFlow 2 graph-mode models.
 
 `tf.contrib.quantize` and `tf.contrib.graph_editor` for `tf.compat.v1` graphs,
-rebuilt on TensorFlow 2.21. The pipeline, one module per step:
+rebuilt on TensorFlow 2.21. The stages a graph passes through, one room each
+(docs/architecture.md, "Layout"), over graph_editor, engine and matching:
 
-  graph_editor -> matcher -> layer_patterns -> fold_batch_norms -> quantize
+  prepare -> fold -> quantize.plan -> quantize.emit (distribute: replicas)
+  -> api (the functions below) -> tflite (reading models)
   -> export (`from qat import export`; needs the ai-edge-litert extra)
   -> report (`from qat import report`: coverage, per-layer numerics,
      TensorBoard range summaries, plots with the optional matplotlib)

@@ -1,4 +1,4 @@
-"""The benchmarks under tools/ run and print every figure they promise.
+"""The benchmarks under bench/ run and print every figure they promise.
 
 Speed and memory targets live in these benchmarks, not in timed tests; this
 only keeps them working (tiny sizes, no figure is judged): each runs as a
@@ -11,12 +11,12 @@ import sys
 
 from absl.testing import absltest
 
-_TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 
 
 def _run(tool, *args):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1")
-    proc = subprocess.run([sys.executable, os.path.join(_TOOLS, tool), *args],
+    proc = subprocess.run([sys.executable, os.path.join(_BENCH, tool), *args],
                           capture_output=True, text=True, env=env, timeout=600, check=False)
     if proc.returncode != 0:
         raise AssertionError(f"{tool} failed:\n{proc.stdout}\n{proc.stderr[-3000:]}")

@@ -21,7 +21,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import compat  # pylint: disable=g-import-not-at-top
-from qat import compat_hparams  # pylint: disable=g-import-not-at-top
+from qat.compat import hparams as compat_hparams  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1

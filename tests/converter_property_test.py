@@ -1,18 +1,18 @@
 """Converter-in-the-loop property test: the eval graph is the integer model (bounded run).
 
-Hypothesis draws small convolutional networks (tools/_converter_networks.py:
+Hypothesis draws small convolutional networks (tools/property/converter_networks.py:
 spatial sizes 1 to 8, input pre-processing, convs, depthwise and grouped
 convs, pools, global pools, squeeze-excite blocks, resizes into
 concatenations, logits and softmax heads); each is trained a few steps,
 restored into its eval graph with a strict plain Saver, converted by
 TensorFlow's own converter to uint8 and int8, and must hold every invariant
-of tools/_converter_invariants.py: the pipeline succeeds, the model is fully
+of tools/property/converter_invariants.py: the pipeline succeeds, the model is fully
 integer, every activation range is a TFLite tensor of its scale and zero
 point, and every layer is within one step of TFLite given TFLite's inputs.
 A failing example is shrunk greedily and both are reported. Networks that run
 into a documented limit (`networks.known_limit`, docs/known_limits.md) are
 left out of the bounded run (none today; FixedRangeTest checks the last one, now fixed).
-`tools/property_check.py --suite=converter` runs the same checks over any
+`tools/property/check.py --suite=converter` runs the same checks over any
 number of networks.
 """
 import os
@@ -24,8 +24,8 @@ import hypothesis  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
-from tools import _converter_invariants as invariants  # pylint: disable=g-import-not-at-top
-from tools import _converter_networks as networks  # pylint: disable=g-import-not-at-top
+from tools.property import converter_invariants as invariants  # pylint: disable=g-import-not-at-top
+from tools.property import converter_networks as networks  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 
@@ -70,7 +70,7 @@ class FixedRangeTest(absltest.TestCase):
 
     def test_sigmoid_read_by_a_multiply_holds_every_invariant(self):
         # TFLite rounds the sigmoid's output to 1/256; the eval graph now does
-        # too (qat/quantize/fixed_ranges.py), so the SE multiply agrees.
+        # too (qat/quantize/plan/fixed_ranges.py), so the SE multiply agrees.
         net = networks.ConvNet(8, "rescaling", (
             networks.ConvBlock("se", 4, variant="sigmoid"),
             networks.ConvBlock("se", 4, variant="sigmoid")), head="softmax")

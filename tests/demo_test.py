@@ -14,6 +14,22 @@ _ROW = re.compile(r"^(float \(eval graph\)|QAT eval graph|TFLite uint8|TFLite in
                   r"([\d.]+)%\s+[-+][\d.]+\s+(?:([\d.]+)%|-)", re.MULTILINE)
 
 
+_QAT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "qat")
+# An absl log line: "I1127 07:12:55.313896 140663670422400 qat_demo.py:226] ...".
+_LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ ([A-Za-z0-9_]+\.py):\d+\] ")
+
+
+def _not_own(stderr):
+    """The stderr lines that are neither the demo's nor qat's own log lines."""
+    own = {"qat_demo.py"} | {name for _, _, files in os.walk(_QAT_DIR) for name in files}
+    found = []
+    for line in stderr.splitlines():
+        match = _LOG_LINE.match(line)
+        if line.strip() and not (match and match.group(1) in own):
+            found.append(line)
+    return found
+
+
 def run_demo(*args):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1")
     proc = subprocess.run([sys.executable, _DEMO, *args], capture_output=True, text=True,
@@ -67,6 +83,9 @@ class DemoTest(absltest.TestCase):
         self.assertIn("first layer where TFLite drifts by more than 1 step:", proc.stdout)
         self.assertIn("tensorboard --logdir", proc.stdout)
         self.assertTrue(proc.stdout.rstrip().endswith("PASS"))
+        # Quiet: stderr holds the demo's and qat's own log lines only (no TensorFlow
+        # start-up logs, no converter INFO lines, no Python warnings).
+        self.assertEqual(_not_own(proc.stderr), [])
 
     def test_contrib_default_api_and_failing_threshold(self):
         # --nosymmetric: create_training_graph/create_eval_graph, uint8 only. An

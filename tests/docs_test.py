@@ -5,10 +5,11 @@
 - every ```python block of a file runs: a file's blocks in order, in one
   namespace, in a fresh subprocess (TF_USE_LEGACY_KERAS=1, a temporary working
   directory); some files get a few assertions after their blocks (_EPILOGUES);
-- every `tools/<name>` command line in a ```sh / ```bash block names a tool
-  that exists and passes only flags that tool defines (absl flags, read by
-  importing the tool in a subprocess); tools/test takes Bazel targets, which
-  must be test files of tests/, and Bazel flags, which are not checked;
+- every `tools/<name>`, `tools/property/<name>` or `bench/<name>` command
+  line in a ```sh / ```bash block names a tool that exists and passes only
+  flags that tool defines (absl flags, read by importing the tool in a
+  subprocess); tools/test takes Bazel targets, which must be test files of
+  tests/, and Bazel flags, which are not checked;
 - every relative link of a file points to a file that exists.
 
 One test method per Markdown file, so Bazel shards split them.
@@ -25,7 +26,7 @@ import textwrap
 
 from absl.testing import absltest
 
-# Source tree and Bazel runfiles both keep README.md, docs/ and tools/ one level above tests/.
+# Source tree and Bazel runfiles both keep README.md, docs/, tools/ and bench/ one level above tests/.
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -33,7 +34,9 @@ if ROOT not in sys.path:
 _FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _INLINE = re.compile(r"`([^`\n]+)`")
-_TOOL = re.compile(r"(?:^|\s|/)tools/[A-Za-z0-9_]+(?:\.py)?(?:\s|$)")
+# A tool's path: tools/<name>, tools/property/<name>.py, bench/<name>.py.
+_TOOL_PATH = r"(?:tools/property|tools|bench)/[A-Za-z0-9_]+"
+_TOOL = re.compile(r"(?:^|\s|/)" + _TOOL_PATH + r"(?:\.py)?(?:\s|$)")
 
 # Checks appended to a file's blocks, in the same namespace: what the old
 # readme_example_test asserted, and what each guide says its reader can check.
@@ -131,7 +134,7 @@ def python_program(relpath: str) -> str:
 
 def command_lines(text: str):
     """(line number, command) of each command in ```sh / ```bash blocks, continuations joined,
-    and of each inline code span that runs a tools/ command."""
+    and of each inline code span that runs a tools/ or bench/ command."""
     found = []
     for line, code in blocks(text, ("sh", "bash", "shell", "console")):
         pending, start = "", None
@@ -169,11 +172,14 @@ def anchors(text: str):
 
 @functools.lru_cache(maxsize=None)
 def tool_flags(tool: str):
-    """{flag name: is boolean} that tools/<tool>.py defines (with absl's own flags)."""
+    """{flag name: is boolean} that <tool>.py defines (with absl's own flags).
+
+    `tool`: the path without .py from the checkout's root ("tools/qat_report").
+    """
     program = textwrap.dedent(f"""
         import importlib.util, json, sys
         sys.path.insert(0, {ROOT!r})
-        spec = importlib.util.spec_from_file_location("doc_tool", {os.path.join(ROOT, 'tools', tool + '.py')!r})
+        spec = importlib.util.spec_from_file_location("doc_tool", {os.path.join(ROOT, tool + '.py')!r})
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         from absl import flags
@@ -189,7 +195,7 @@ def tool_flags(tool: str):
     for line in result.stdout.splitlines():
         if line.startswith("FLAGS="):
             return json.loads(line[len("FLAGS="):])
-    raise AssertionError(f"could not read the flags of tools/{tool}.py:\n{result.stderr[-3000:]}")
+    raise AssertionError(f"could not read the flags of {tool}.py:\n{result.stderr[-3000:]}")
 
 
 def check_command(command: str):
@@ -197,20 +203,22 @@ def check_command(command: str):
     problems = []
     tokens = command.replace("[", " ").replace("]", " ").split()
     for index, token in enumerate(tokens):
-        match = re.match(r"^(?:\S*/)?tools/([A-Za-z0-9_]+)(\.py)?$", token)
+        match = re.match(r"^(?:\S*/)?(" + _TOOL_PATH + r")(\.py)?$", token)
         if not match:
             continue
-        name, is_py = match.group(1), bool(match.group(2))
-        path = os.path.join(ROOT, "tools", name + (".py" if is_py else ""))
+        tool, is_py = match.group(1), bool(match.group(2))
+        path = os.path.join(ROOT, tool + (".py" if is_py else ""))
+        if os.path.isdir(path):
+            continue  # A package (`//tools/property`), not a command.
         if not os.path.exists(path):
-            problems.append(f"tools/{name}{'.py' if is_py else ''} does not exist")
+            problems.append(f"{tool}{'.py' if is_py else ''} does not exist")
             continue
         args = []
         for arg in tokens[index + 1:]:
             if arg in ("|", "&&", ";", "||"):
                 break
             args.append(arg)
-        if not is_py and name == "test":
+        if not is_py and tool == "tools/test":
             for arg in args:
                 if arg.startswith("//tests:"):
                     target = arg[len("//tests:"):]
@@ -219,15 +227,15 @@ def check_command(command: str):
             continue
         if not is_py:
             script = read(os.path.relpath(path, ROOT))
-            launched = re.search(r"tools/([A-Za-z0-9_]+)\.py", script)
+            launched = re.search(r"(" + _TOOL_PATH + r")\.py", script)
             if not launched:
                 if any(a.startswith("--") for a in args):
-                    problems.append(f"tools/{name} is given flags but runs no tools/*.py")
+                    problems.append(f"{tool} is given flags but runs no tools/*.py")
                 continue
-            name = launched.group(1)
+            tool = launched.group(1)
         if not any(arg.startswith("--") for arg in args):
             continue
-        flags = tool_flags(name)
+        flags = tool_flags(tool)
         for arg in args:
             if not arg.startswith("--"):
                 continue
@@ -236,7 +244,7 @@ def check_command(command: str):
                 continue
             if flag.startswith("no") and flags.get(flag[2:]) is True:
                 continue
-            problems.append(f"{arg}: tools/{name}.py defines no flag --{flag}")
+            problems.append(f"{arg}: {tool}.py defines no flag --{flag}")
     return problems
 
 
@@ -250,10 +258,10 @@ class ApiReferenceTest(absltest.TestCase):
 
 
 class OpTableTest(absltest.TestCase):
-    """docs/what_gets_a_range.md lists exactly the op types of qat/quantize/op_table.py."""
+    """docs/what_gets_a_range.md lists exactly the op types of qat/quantize/plan/op_table.py."""
 
     def test_op_table_rows_match_the_module(self):
-        from qat.quantize import op_table  # pylint: disable=g-import-not-at-top
+        from qat.quantize.plan import op_table  # pylint: disable=g-import-not-at-top
         text = read("docs/what_gets_a_range.md")
         for set_name in ("OWN_RANGE_TYPES", "FUSABLE_ACTIVATION_TYPES", "FIXED_RANGE_TYPES",
                          "SAME_SCALE_TYPES", "FUNCTIONAL_TYPES"):
@@ -272,6 +280,11 @@ class CheckerTest(absltest.TestCase):
         self.assertEqual(len(check_command("tools/demo --no_such_flag=1")), 1)
         self.assertEqual(len(check_command(".venv/bin/python tools/no_such_tool.py --x")), 1)
         self.assertEqual(len(check_command("tools/test //tests:no_such_test")), 1)
+        self.assertEqual(check_command(".venv/bin/python bench/bench_fold.py --repeats=1"), [])
+        self.assertEqual(len(check_command(".venv/bin/python bench/bench_fold.py --no_such=1")), 1)
+        self.assertEqual(len(check_command(".venv/bin/python tools/bench_fold.py")), 1)
+        self.assertEqual(check_command(".venv/bin/python tools/property/check.py --seed=0"), [])
+        self.assertEqual(len(check_command("tools/property/check.py --no_such=1")), 1)
 
     def test_anchors_are_githubs(self):
         self.assertEqual(slug("What `qat.export` checks"), "what-qatexport-checks")
@@ -279,8 +292,10 @@ class CheckerTest(absltest.TestCase):
         self.assertEqual(slug("From a graph to an int8 .tflite"), "from-a-graph-to-an-int8-tflite")
 
     def test_inline_tool_commands_are_found(self):
-        text = "Run `tools/bench_train_step.py --xla` or `bazel run //tools:bench_rewrite`.\n"
-        self.assertEqual(command_lines(text), [(1, "tools/bench_train_step.py --xla")])
+        text = ("Run `bench/bench_train_step.py --xla` or `bazel run //bench:bench_rewrite`,\n"
+                "then `tools/property/check.py --examples=10`.\n")
+        self.assertEqual(command_lines(text), [(1, "bench/bench_train_step.py --xla"),
+                                               (2, "tools/property/check.py --examples=10")])
 
     def test_commands_split_on_continuations_and_comments(self):
         text = "```sh\ntools/demo --epochs=1 \\\n    --qat_epochs=2   # comment --bogus\n```\n"

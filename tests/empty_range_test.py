@@ -20,8 +20,8 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat.engine import step_counter  # pylint: disable=g-import-not-at-top
 from qat.export import range_survival  # pylint: disable=g-import-not-at-top
-from qat.quantize import quantizer_batch  # pylint: disable=g-import-not-at-top
-from qat.quantize import range_updates  # pylint: disable=g-import-not-at-top
+from qat.quantize.emit import quantizer_batch  # pylint: disable=g-import-not-at-top
+from qat.quantize.emit import range_updates  # pylint: disable=g-import-not-at-top
 from tests import zoo_util  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1

@@ -26,7 +26,7 @@ from qat.engine import node_batch  # pylint: disable=g-import-not-at-top
 from qat.engine import rewrite as rewrite_lib  # pylint: disable=g-import-not-at-top
 from qat.fold import fold_batch_norms as fold_lib  # pylint: disable=g-import-not-at-top
 from qat.fold import plan as fold_plan  # pylint: disable=g-import-not-at-top
-from qat.quantize import plan as quantize_plan  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan import planner as quantize_plan  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 

@@ -1,6 +1,6 @@
 """The quantizers' FakeQuant gradient equals TensorFlow's, bit for bit.
 
-qat.quantize.fake_quant_gradient replaces the input gradient of FakeQuant ops in
+qat.quantize.emit.fake_quant_gradient replaces the input gradient of FakeQuant ops in
 training graphs by a one-pass kernel over a recomputed nudged range; these
 tests compare it with FakeQuantWithMinMaxVars(PerChannel)Gradient on random
 ranges and on inputs placed exactly at the nudged bounds and one float step
@@ -11,10 +11,10 @@ import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from qat.quantize import fake_quant_gradient
+from qat.quantize.emit import fake_quant_gradient
 from qat import graph_editor as ge
-from qat.quantize import quant_ops
-from qat.quantize import quantizer_batch
+from qat.quantize.emit import quant_ops
+from qat.quantize.emit import quantizer_batch
 from qat.engine import step_counter
 
 tf.compat.v1.disable_eager_execution()

@@ -11,7 +11,7 @@ import tf_keras
 from tensorflow.python.training import moving_averages
 
 # qat/__init__ exports the function under the module's name: import from the module.
-from qat.fold.fold_batch_norms import fold_batch_norms
+from qat.api import fold_batch_norms
 from qat.matching import layer_patterns
 from qat.engine import step_counter
 

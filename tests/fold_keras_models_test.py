@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from qat.fold.fold_batch_norms import fold_batch_norms
+from qat.api import fold_batch_norms
 
 _BATCH = 2
 

@@ -1,7 +1,7 @@
 """Grouped convolutions (tf_keras `Conv2D(groups=g)`) are layers.
 
 tf_keras computes a grouped Conv2D as a call of an XLA-compiled function;
-qat puts the Conv2D in the graph (qat.fold.layer_calls), so its batch norm is
+qat puts the Conv2D in the graph (qat.prepare.layer_calls), so its batch norm is
 folded (training and eval) and its weights are quantized. Checked here on a
 small block (groups 4, groups == channels with a channel multiplier of 2, a
 strided grouped conv with a bias and no batch norm) and, through the zoo's

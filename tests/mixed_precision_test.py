@@ -20,7 +20,7 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
-from qat.quantize import quantizer_batch  # pylint: disable=g-import-not-at-top
+from qat.quantize.emit import quantizer_batch  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 

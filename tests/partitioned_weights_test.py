@@ -16,7 +16,7 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
-from tools import _property_invariants as invariants  # pylint: disable=g-import-not-at-top
+from tools.property import invariants  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 

@@ -7,7 +7,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
-from qat.quantize import plan as plan_lib  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan import planner as plan_lib  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 tf1 = tf.compat.v1

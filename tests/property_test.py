@@ -1,16 +1,16 @@
 """Property-based test: qat's rewrites on random small networks (bounded run).
 
-Hypothesis draws networks (tools/_property_networks.py: depth 1-6; conv,
+Hypothesis draws networks (tools/property/networks.py: depth 1-6; conv,
 depthwise, dense, atrous; bias or not; batch norm fused, unfused or none;
 ReLU, ReLU6, LeakyReLU or none; residual adds; concats with the block or the
 network input) with a derandomized, bounded run, and every invariant of
-tools/_property_invariants.py must hold: the eval fold equals the unfolded
+tools/property/invariants.py must hold: the eval fold equals the unfolded
 network within 1e-4, every batch norm is folded, after the training rewrite
 every gradient exists and is finite, a second call leaves the GraphDef
 unchanged, every weight is read through a FakeQuant, no data tensor is
 read both raw and quantized, and every input of a quantized concatenation is
 read through a FakeQuant with the concatenation's variables. A failing example is shrunk greedily and both are
-reported. `tools/property_check.py` runs the same checks over 10,000
+reported. `tools/property/check.py` runs the same checks over 10,000
 networks and counts the violations.
 """
 import os
@@ -26,8 +26,8 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
-from tools import _property_invariants as invariants  # pylint: disable=g-import-not-at-top
-from tools import _property_networks as networks  # pylint: disable=g-import-not-at-top
+from tools.property import invariants  # pylint: disable=g-import-not-at-top
+from tools.property import networks  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 

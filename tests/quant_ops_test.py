@@ -5,8 +5,8 @@ import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from qat.quantize import quant_ops
-from qat.quantize import quantizer_batch
+from qat.quantize.emit import quant_ops
+from qat.quantize.emit import quantizer_batch
 from qat.engine import step_counter
 
 tf.compat.v1.disable_eager_execution()

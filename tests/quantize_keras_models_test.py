@@ -17,7 +17,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 from qat.matching import layer_patterns  # pylint: disable=g-import-not-at-top
-from qat.quantize import insert_quant_ops as quantize  # pylint: disable=g-import-not-at-top
+from qat.quantize import plan as quantize  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 

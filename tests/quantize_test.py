@@ -12,7 +12,7 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
-from qat.quantize import insert_quant_ops as quantize  # pylint: disable=g-import-not-at-top
+from qat.quantize import plan as quantize  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 

@@ -20,7 +20,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat.engine import step_counter  # pylint: disable=g-import-not-at-top
-from qat.quantize import quantizer_batch  # pylint: disable=g-import-not-at-top
+from qat.quantize.emit import quantizer_batch  # pylint: disable=g-import-not-at-top
 from tools import _text_models  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
@@ -119,7 +119,7 @@ class FromScratchTest(absltest.TestCase):
     # Float training is at 99 % or more from step 25; QAT from scratch of this small
     # encoder reached 100 % by step 125 (the 4-block encoder of issue #26: by step 50); with
     # the attention probabilities and the pooler's tanh on TFLite's fixed grids
-    # (qat/quantize/fixed_ranges.py) 96.7 % at step 150, 100 % at step 200.
+    # (qat/quantize/plan/fixed_ranges.py) 96.7 % at step 150, 100 % at step 200.
     STEPS = 200
 
     def _accuracy(self, quantize):

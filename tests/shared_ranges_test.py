@@ -1,4 +1,4 @@
-"""Shared ranges (qat.quantize.shared_ranges, issue #21).
+"""Shared ranges (qat.quantize.plan.shared_ranges, issue #21).
 
 A concatenation and its inputs share one pair of range variables, named after
 the group's last concatenation; chains of concatenations and concatenations
@@ -22,8 +22,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
-from qat.quantize import insert_quant_ops as iqo  # pylint: disable=g-import-not-at-top
-from tools import _property_invariants as invariants  # pylint: disable=g-import-not-at-top
+from tools.property import invariants  # pylint: disable=g-import-not-at-top
 import zoo_util  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
@@ -71,7 +70,7 @@ class SharedRangesTest(parameterized.TestCase):
     def test_inputs_read_the_concatenation_variables(self, training):
         g, x, _ = _two_branches(training)
         with g.as_default():
-            result = iqo.insert_quant_ops(g, is_training=training)
+            result = qat.insert_quant_ops(g, is_training=training)
         by_name = {q.name: q for q in result.quantizers}
         for name in ("a/act_quant", "b/act_quant", "cat/concat_quant"):
             self.assertEqual(by_name[name].range_name, "cat/concat_quant", name)
@@ -127,7 +126,7 @@ class SharedRangesTest(parameterized.TestCase):
             first = tf.concat([a, b], -1, name="first/concat")
             second = tf.concat([b, c], -1, name="second/concat")
             tf.identity(_conv(first, 1.0, "d") + _conv(second, 1.0, "e"), name="output")
-            result = iqo.insert_quant_ops(g, is_training=False)
+            result = qat.insert_quant_ops(g, is_training=False)
         names = {q.name: q.range_name for q in result.quantizers}
         for name in ("a/act_quant", "b/act_quant", "c/act_quant",
                      "first/concat_quant", "second/concat_quant"):

@@ -28,9 +28,9 @@ import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 from qat.report import numerics  # pylint: disable=g-import-not-at-top
 from qat import report  # pylint: disable=g-import-not-at-top
-from qat.quantize import embeddings  # pylint: disable=g-import-not-at-top
-from qat.quantize import layer_norm  # pylint: disable=g-import-not-at-top
-from qat.quantize.plan import Planner  # pylint: disable=g-import-not-at-top
+from qat.prepare import resource_gathers  # pylint: disable=g-import-not-at-top
+from qat.prepare import layer_norm  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan.planner import Planner  # pylint: disable=g-import-not-at-top
 from tools import _text_models as text  # pylint: disable=g-import-not-at-top
 import zoo_util  # pylint: disable=g-import-not-at-top
 
@@ -73,7 +73,7 @@ def _planned(style, training, **kwargs):
     g, _, _, _ = text.build_graph(style, training, _SMALL, **kwargs)
     with g.as_default():
         layer_norm.unfuse_layer_norms(g)
-        embeddings.split_resource_gathers(g)
+        resource_gathers.split_resource_gathers(g)
         planner = Planner(g, training, None, False)
         planner.run()
     return planner, g

@@ -20,6 +20,16 @@ qat_python() {
   return 1
 }
 
+qat_pip() {
+  # pip <args...> with its output appended to the log $1; on failure, the log's tail.
+  local log="$1"; shift
+  if ! "$QAT_VENV/bin/python" -m pip "$@" >>"$log" 2>&1; then
+    qat_log "pip $* failed; the end of $log:"
+    tail -n 40 "$log" >&2
+    return 1
+  fi
+}
+
 qat_setup_venv() {
   local stamp="$QAT_VENV/.qat-requirements.sha256"
   local want
@@ -32,11 +42,14 @@ qat_setup_venv() {
       qat_log "python -m venv failed; on Debian: apt-get install -y python3-venv"; return 1; }
   fi
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    qat_log "installing pinned packages (requirements-test.txt) into $QAT_VENV"
-    "$QAT_VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$QAT_VENV/bin/python" -m pip install --quiet --progress-bar off -r "$QAT_ROOT/requirements-test.txt" || return 1
-    # Editable, so `python tools/<tool>.py` imports this checkout's qat.
-    "$QAT_VENV/bin/python" -m pip install --quiet --no-deps -e "$QAT_ROOT" || return 1
+    # pip's output goes to a log, shown only when a step fails.
+    local log="$QAT_VENV/.qat-setup.log"
+    qat_log "installing pinned packages (requirements-test.txt) into $QAT_VENV (log: $log)"
+    : > "$log"
+    qat_pip "$log" install --upgrade pip &&
+      qat_pip "$log" install --progress-bar off -r "$QAT_ROOT/requirements-test.txt" &&
+      # Editable, so `python tools/<tool>.py` imports this checkout's qat.
+      qat_pip "$log" install --no-deps -e "$QAT_ROOT" || return 1
     echo "$want" > "$stamp"
   fi
   export PATH="$QAT_VENV/bin:$PATH"

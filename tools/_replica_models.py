@@ -1,4 +1,4 @@
-"""Data-parallel training graphs for tools/bench_replicas.py and tests/replicas_test.py.
+"""Data-parallel training graphs for bench/bench_replicas.py and tests/replicas_test.py.
 
 One small conv net (two conv + batch norm + ReLU layers, a dense head) built
 as TF1 multi-GPU towers, as TF-Slim `model_deploy` clones, or as

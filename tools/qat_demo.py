@@ -22,7 +22,11 @@ Exits with status 1 when a TFLite model loses more than --max_accuracy_drop
 points against the float model or agrees with the eval graph on less than
 --min_agreement percent of the test examples.
 """
+import contextlib
+import logging as py_logging
 import os
+import sys
+import tempfile
 import time
 import warnings
 
@@ -211,11 +215,52 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     return 100.0 * float(np.mean(np.argmax(logits, axis=1) == labels))
 
 
+@contextlib.contextmanager
+def _quiet_start_up():
+    """TensorFlow's start-up noise kept out of the demo's output, shown if it fails.
+
+    The C++ runtime logs to file descriptor 2 while it loads, before any
+    log-level setting applies (oneDNN, CUDA on a machine without a GPU); Python
+    warnings at import are TensorFlow's and tf_keras's, not the demo's.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+class _OwnInfo(py_logging.Filter):
+    """Passes the demo's and qat's own INFO lines, and warnings and errors of anyone."""
+
+    def __init__(self, sources):
+        super().__init__()
+        self._sources = tuple(sources)
+
+    def filter(self, record):
+        return (record.levelno >= py_logging.WARNING
+                or any(record.pathname.startswith(s) for s in self._sources))
+
+
 def main(argv):
     del argv
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    import qat  # pylint: disable=g-import-not-at-top
-    from qat import export  # pylint: disable=g-import-not-at-top
+    with _quiet_start_up():
+        import tensorflow as tf  # pylint: disable=g-import-not-at-top
+        import qat  # pylint: disable=g-import-not-at-top
+        from qat import export  # pylint: disable=g-import-not-at-top
+    # TensorFlow's INFO lines (the converter's "Using experimental converter") are not the demo's.
+    logging.get_absl_handler().addFilter(_OwnInfo(
+        [os.path.abspath(__file__), os.path.dirname(os.path.abspath(qat.__file__)) + os.sep]))
     tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     tf.config.experimental.enable_op_determinism()  # Same seed, same table.

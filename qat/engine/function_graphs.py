@@ -15,9 +15,10 @@ bridges:
   mirrored (one component per replica device). The store says which
   component a trace reads and updates (`VariableStore.handles`: in replica
   context its replica's own, in cross-replica context the primary, with the
-  updates written to every component) and how a training trace combines the
-  replicas' range statistics (`VariableStore.range_all_reduce`), so every
-  replica computes the same new range and the mirrors stay equal.
+  updates written to every component); how a training trace combines the
+  replicas' range statistics, so every replica computes the same new range
+  and the mirrors stay equal, is the quantize pass's replication hook
+  (`qat.tf2.replicas.TraceReplication`).
 * Tensor identity. TF 2 makes graph tensors of a function unhashable and
   `==` an op; the passes key dicts and sets by tensor. `editing(graph)` gives
   tensors graph-mode identity semantics for the duration of a rewrite.
@@ -69,15 +70,6 @@ class VariableStore(object):
         """The handle this trace reads `variable` through, and further handles
         each of its updates is also written to (none for a plain variable)."""
         return variable.handle, ()
-
-    def range_all_reduce(self):
-        """What combines the replicas' batch statistics in this trace, or None.
-
-        An object with `emit(nodes, scope, value, merge_op)`
-        (`qat.quantize.range_updates` calls it; see
-        `qat.quantize.worker_ranges.WorkerAllReduce`).
-        """
-        return None
 
 
 _ACTIVE = threading.local()

@@ -9,7 +9,7 @@ arithmetic into the next layer, gives an op the scale of a concatenation it
 feeds. A range that has no such tensor is "lost": the next op reads values
 on another grid than the eval graph's.
 
-A range's tensors are found by TFLite's names (`qat.report.tflite_names`):
+A range's tensors are found by TFLite's names (`qat.tflite.names`):
 a tensor named after the FakeQuant, the op it quantizes (back through
 Identity) or a pass-through op reading it (Identity, Reshape, Squeeze,
 ExpandDims), with a compatible shape; where there is none because the
@@ -31,8 +31,8 @@ import tensorflow as tf
 from qat.export import freeze
 from qat.export import inspect
 from qat.export.errors import ExportError, RangeLostError
-from qat.report import structure
-from qat.report import tflite_names
+from qat.tflite import graph_structure as structure
+from qat.tflite import names as tflite_names
 
 # Differs: the tensor holding the value has another scale or zero point (the
 # integer model disagrees). Merged: the converter removed the op and the

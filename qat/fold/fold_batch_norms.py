@@ -1,7 +1,9 @@
 """Folds batch norms into the layer before them (conv, depthwise, dense, transposed conv).
 
-`fold_batch_norms(graph, is_training, freeze_batch_norm_delay=None)` finds each
-batch norm by structure (`qat.matching.batch_norm`, `qat.matching.layer_patterns.LAYER_CHAIN`),
+`fold_graph(graph, config)`, the pass of `qat.fold_batch_norms(graph,
+is_training, freeze_batch_norm_delay=None)` (`qat.api` runs it after
+`qat.prepare`'s layer calls), finds each batch norm by structure
+(`qat.matching.batch_norm`, `qat.matching.layer_patterns.LAYER_CHAIN`),
 whatever its op names or scopes, and rewrites it in place. With
 
     s      = gamma * rsqrt(moving_variance + epsilon)     per output channel
@@ -116,7 +118,7 @@ folded weights (marked by `qat.engine.marks`) is folded already: a second
 call changes nothing.
 """
 import dataclasses
-from typing import List, Optional, Union
+from typing import List, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -125,10 +127,9 @@ from qat.engine import config as config_lib
 from qat.engine import marks
 from qat.engine import preconditions
 from qat.engine import rewrite as rewrite_lib
-from qat.engine import step_counter
 from qat.fold import emit as emit_lib
-from qat.fold import layer_calls
 from qat.fold import plan as fold_plan
+from qat.fold import wire
 from qat.matching import batch_norm as bn_lib
 from qat.matching import layer_patterns
 
@@ -176,130 +177,6 @@ class FoldResult:
     skipped: List[SkippedBatchNorm]
 
 
-def _fold_select_grad(op: tf.Operation, grad: tf.Tensor):
-    """Gradient of select_fold: its branches have the output's shape.
-
-    Scaling by the scalar condition is cheaper than Select's generic
-    gradient (zeros_like and two selects).
-    """
-    chosen = tf.cast(op.inputs[0], grad.dtype)
-    return None, grad * chosen, grad * (1.0 - chosen)
-
-
-try:
-    tf.RegisterGradient(emit_lib.SELECT_GRADIENT)(_fold_select_grad)
-except KeyError:  # Module re-imported (e.g. importlib.reload): already there.
-    pass
-
-
-class _Freeze(object):
-    """The shared `frozen` condition and the 1 - frozen factor per dtype."""
-
-    def __init__(self, rewrite: rewrite_lib.Rewrite, delay: int):
-        nodes = rewrite.nodes
-        self._nodes = nodes
-        step = step_counter.step_for(rewrite)
-        step = step if isinstance(step, str) else nodes.external(step)
-        delay_const = nodes.const(nodes.unique_name("fold_batch_norms/Cast"), delay,
-                                  tf.int64)
-        self.frozen = nodes.node(nodes.unique_name("fold_batch_norms/frozen"), "Greater",
-                                 [step, delay_const], T=tf.int64)
-        self._keep = {}
-
-    def keep(self, dtype: tf.DType) -> str:
-        if dtype not in self._keep:
-            nodes = self._nodes
-            not_frozen = nodes.node(nodes.unique_name("fold_batch_norms/LogicalNot"),
-                                    "LogicalNot", [self.frozen])
-            self._keep[dtype] = nodes.node(
-                nodes.unique_name("fold_batch_norms/keep_updates"), "Cast", [not_frozen],
-                SrcT=tf.bool, DstT=dtype, Truncate=False)
-        return self._keep[dtype]
-
-
-def _freeze_update(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
-                   freeze: _Freeze, rewrite: rewrite_lib.Rewrite) -> None:
-    """Switches a moving-average update off once the batch norm is frozen."""
-    op, nodes = update.op, rewrite.nodes
-    value = op.inputs[1]
-    dtype = value.dtype.base_dtype
-    scope = op.name.rpartition("/")[0]
-    name = nodes.unique_name((scope + "/" if scope else "") + "freeze_fold")
-    if update.is_delta:
-        new = nodes.node(name, "Mul", [nodes.external(value), freeze.keep(dtype)],
-                         device=op.device, T=dtype)
-    else:
-        is_mean = (bn.mean_variable is not None
-                   and bn_lib.same_tensor(update.variable, bn.mean_variable))
-        current = bn.moving_mean if is_mean else bn.moving_variance
-        if current is not None:
-            current = nodes.external(current)
-        elif update.variable.dtype == tf.resource:
-            current = nodes.node(name + "/ReadVariableOp", "ReadVariableOp",
-                                 [nodes.external(update.variable)], device=op.device,
-                                 dtype=dtype)
-        else:
-            current = nodes.node(name + "/Identity", "Identity",
-                                 [nodes.external(update.variable)], device=op.device, T=dtype)
-        new = nodes.node(name, "SelectV2", [freeze.frozen, current, nodes.external(value)],
-                         device=op.device, T=dtype)
-    rewrite.reroute(op, 1, new)
-
-
-def _cond_output(plan: fold_plan.FoldPlan, emitted: emit_lib.Emitted,
-                 rewrite: rewrite_lib.Rewrite, frozen: str) -> str:
-    """use_cond: a functional cond choosing the folded or batch-norm output."""
-    bn, layer_op = plan.bn, plan.layer_op
-    dtype = layer_op.outputs[0].dtype.base_dtype
-    channels = bn.output.shape[1 if plan.channels_first else -1]
-    b_fold = (emitted.b_fold + ":0", dtype, [channels])
-    rescale_shape = [channels, 1, 1] if plan.channels_first else [channels]
-    rescale = (emitted.rescale + ":0", dtype, rescale_shape)
-    inputs = [(frozen + ":0", tf.bool, []), plan.layer_output, b_fold, rescale, bn.output]
-    if plan.reshape is not None:
-        inputs.append(plan.reshape.inputs[1])
-    ctx = layer_op.name.rpartition("/")[0]
-
-    def build(frozen_t, layer_output, b, s, bn_out, shape=None):
-        def folded_branch():
-            out = tf.multiply(layer_output, s, name="rescale_fold")
-            out = tf.nn.bias_add(out, b, data_format="NCHW" if plan.channels_first else None,
-                                 name="BiasAdd_Fold")
-            if plan.squeeze is not None:
-                out = tf.squeeze(out, plan.squeeze.get_attr("squeeze_dims"),
-                                 name="Squeeze_Fold")
-            if shape is not None:
-                out = tf.reshape(out, shape, name="Reshape_Fold")
-            return out
-
-        return [tf.cond(frozen_t, folded_branch, lambda: tf.identity(bn_out))]
-
-    refs = rewrite.nodes.python_ops((ctx + "/" if ctx else "") + "select_fold", inputs,
-                                    build, device=bn.op.device)
-    return refs[0]
-
-
-def _wire(plan: fold_plan.FoldPlan, emitted: emit_lib.Emitted, rewrite: rewrite_lib.Rewrite,
-          freeze: Optional[_Freeze], use_cond: bool) -> Optional[str]:
-    """Adds one fold's reroutes to `rewrite`; returns the new output node."""
-    bn, layer_op = plan.bn, plan.layer_op
-    if plan.training:
-        # The layer reads unscale_fold = w*s / s; its consumers are unchanged.
-        rewrite.reroute(layer_op, 1, emitted.unscaled)
-    else:
-        rewrite.reroute(layer_op, 1, emitted.weights)
-        rewrite.reroute_consumers(plan.layer_output, emitted.unscaled, plan.old_consumers)
-    output = emitted.select or emitted.folded
-    if plan.training and freeze is not None:
-        if use_cond:
-            output = _cond_output(plan, emitted, rewrite, freeze.frozen)
-        for update in bn.updates:
-            _freeze_update(update, bn, freeze, rewrite)
-    if output is not None:
-        rewrite.reroute_consumers(bn.output, output, emitted.bn_consumers)
-    return output
-
-
 def _already_folded(bn: bn_lib.BatchNorm) -> bool:
     """Whether qat already folded `bn`: its data comes through qat's fold ops.
 
@@ -337,7 +214,6 @@ def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
     """
     record = fold_record(config, use_cond)
     done = preconditions.check_previous_rewrite(graph, "fold", record)
-    layer_calls.inline_layer_calls(graph)  # tf_keras's grouped convs.
     batch_norms, unreachable = bn_lib.find_batch_norms(graph)
     # Replaced by a rewrite (tf_keras's fused layer norm): nothing reads them.
     batch_norms = [bn for bn in batch_norms if not marks.is_replaced(bn.op)]
@@ -362,11 +238,11 @@ def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
     rewrite = rewrite_lib.Rewrite(graph, marks.FOLD)
     freeze = None
     if config.freeze_bn_delay is not None and any(p.training for p in plans):
-        freeze = _Freeze(rewrite, config.freeze_bn_delay)
+        freeze = wire.Freeze(rewrite, config.freeze_bn_delay)
     frozen = freeze.frozen if freeze is not None else None
     emitted = [emit_lib.emit(plan, rewrite.nodes, frozen if plan.training else None, use_cond)
                for plan in plans]
-    outputs = [_wire(plan, e, rewrite, freeze, use_cond) for plan, e in zip(plans, emitted)]
+    outputs = [wire.wire(plan, e, rewrite, freeze, use_cond) for plan, e in zip(plans, emitted)]
     if not done:
         rewrite.add_to_collection(preconditions.REWRITES_COLLECTION,
                                   preconditions.record_rewrite("fold", record))
@@ -385,46 +261,3 @@ def fold_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
     logging.info("fold_batch_norms: folded %d batch norms (%s), skipped %d.",
                  len(folded), "training" if config.is_training else "eval", len(skipped))
     return FoldResult(folded=folded, skipped=skipped)
-
-
-def fold_batch_norms(graph: Optional[tf.Graph] = None,
-                     is_training: bool = True,
-                     freeze_batch_norm_delay: Optional[int] = None,
-                     use_cond: bool = False) -> FoldResult:
-    """Folds every foldable batch norm of `graph` into the layer before it.
-
-    Args:
-      graph: the graph to rewrite in place; the default graph when None.
-      is_training: build the training structure (batch statistics until the
-        freeze) instead of the eval structure. See the module docstring.
-      freeze_batch_norm_delay: number of steps (runs advancing the shared
-        `fake_quantization_step`) after which training uses the moving
-        statistics and stops updating them; None: never (the batch norms'
-        consumers then keep reading them: no select is built).
-      use_cond: training structure with a freeze delay only: choose between
-        the batch-norm and the folded output with a functional `tf.cond` (an
-        If op whose true branch holds BiasAdd_Fold) instead of a Select, so
-        only one branch runs (faster steps before the freeze;
-        `tools/bench_fold.py --step_time_steps=N` measures both tails).
-        Without a delay there is nothing to choose and it changes nothing.
-
-    Returns:
-      A `FoldResult`: `folded` lists a `FoldedLayer` per folded batch norm,
-      `skipped` the batch norms left alone with the reason (also logged).
-
-    Raises:
-      RuntimeError: in eager mode without a graph, or if the graph is
-        finalized.
-      ValueError: for the graph of a tf.function, a delay that is not an int
-        >= 0, or a graph already folded with other settings. A refused call
-        leaves the graph unchanged.
-      TypeError: for flags that are not bools.
-    """
-    graph = preconditions.resolve_graph(graph, "fold_batch_norms")
-    config_lib.check_delay(freeze_batch_norm_delay, "freeze_batch_norm_delay")
-    config = config_lib.RewriteConfig(is_training=is_training,
-                                      freeze_bn_delay=freeze_batch_norm_delay)
-    if not isinstance(use_cond, bool):
-        raise TypeError(f"use_cond must be a bool, got {type(use_cond).__name__}.")
-    preconditions.check_no_optimizer_ops(graph)
-    return fold_graph(graph, config, use_cond)

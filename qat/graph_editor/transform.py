@@ -34,7 +34,6 @@ import logging
 from typing import Dict, List, Optional
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import func_graph as _func_graph
 from tensorflow.python.ops import variables as _variables
 
@@ -43,6 +42,7 @@ from qat.graph_editor import select
 from qat.graph_editor import subgraph
 from qat.graph_editor import util
 from qat.graph_editor import _transform_control_flow
+from qat.graph_editor import _transform_finish
 from qat.graph_editor import _transform_variables
 from qat.graph_editor._transform_handlers import _TmpInfo
 from qat.graph_editor._transform_handlers import assign_renamed_collections_handler
@@ -181,17 +181,7 @@ class Transformer(object):
                 self.assign_collections_handler(info, op_output, op_output_)
 
     def _finalize_cycles(self, info: _TmpInfo) -> None:
-        for t, tmp_t_, consumer_op in info.tmp_cyclic_ts:
-            if t not in info.transformed_ts:
-                raise ValueError("The tensor {} should be transformed by now.".format(t.name))
-            if consumer_op not in info.transformed_ops:
-                raise ValueError("The op {} should be transformed by now.".format(
-                    consumer_op.name))
-            t_ = info.transformed_ts[t]
-            consumer_op_ = info.transformed_ops[consumer_op]
-            for index, input_ in enumerate(consumer_op_.inputs):
-                if input_ is tmp_t_:
-                    consumer_op_._update_input(index, t_)  # pylint: disable=protected-access
+        _transform_finish.finalize_cycles(info)
 
     def _connect_control_inputs(self, info: _TmpInfo) -> None:
         for op in info.sgv.ops:
@@ -212,33 +202,7 @@ class Transformer(object):
 
     def _remap_colocations(self, info: _TmpInfo) -> None:
         """Points the copies' `_class: loc:@op` attributes at the copied ops."""
-        ops_by_name = None
-        for op, op_ in info.transformed_ops.items():
-            try:
-                groups = op_.get_attr("_class")
-            except ValueError:
-                continue
-            if ops_by_name is None:
-                ops_by_name = {o.name: o for o in info.ops}
-            groups_ = []
-            for group in groups:
-                group = group.decode() if isinstance(group, bytes) else group
-                if not group.startswith("loc:@"):
-                    groups_.append(group)
-                    continue
-                target = ops_by_name.get(group[len("loc:@"):])
-                if target is not None and target in info.transformed_ops:
-                    groups_.append("loc:@" + info.transformed_ops[target].name)
-                elif info.graph is info.graph_:
-                    groups_.append(group)
-            # pylint: disable=protected-access
-            if groups_:
-                op_._set_attr("_class", attr_value_pb2.AttrValue(
-                    list=attr_value_pb2.AttrValue.ListValue(
-                        s=[g.encode() for g in groups_])))
-            else:
-                op_._clear_attr("_class")
-            # pylint: enable=protected-access
+        _transform_finish.remap_colocations(info)
 
     def _copy_variables(self, info: _TmpInfo) -> None:
         """Rebuilds the variable objects of the source collections that were copied."""

@@ -42,7 +42,7 @@ whose body is one layer op of `CALLED_LAYER_TYPES` reading the call's two
 arguments (data, weights) and returned, maybe through Identity ops, is that
 layer (`called_layer`). tf_keras computes a grouped `Conv2D(groups > 1)`
 this way (an XLA-compiled `_jit_compiled_convolution_op`, whose Conv2D reads
-[kh, kw, in / groups, out] weights); `qat.fold.layer_calls` puts the layer op
+[kh, kw, in / groups, out] weights); `qat.prepare.layer_calls` puts the layer op
 in the graph before the passes run.
 
 UNFUSED_BATCH_NORM, the arithmetic of `tf.nn.batch_normalization` (also what

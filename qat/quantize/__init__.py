@@ -1,8 +1,13 @@
-"""The quantize pass: FakeQuant ops on weights and activations.
+"""The quantize pass: FakeQuant ops on weights and activations, in two rooms.
 
-`patterns` and `plan` decide which tensors get a range, `quantizer_batch`
-builds the quantizers, `insert_quant_ops` is the pass; `quant_ops` keeps
-contrib's one-at-a-time functions, `fake_quant_gradient` the training
-gradient, `standalone_batch_norm` the eval-graph lowering of batch norms that
-follow no layer.
+  plan/ -> deciding, no op created: which tensors get a range, named how
+           (`qat.quantize.plan.Planner`; TFLite's integer op table, the
+           converter's rewrites, shared and fixed ranges, lookups)
+  emit/ -> creating the quantizers and range updates a plan asks for, as one
+           checked rewrite (`qat.quantize.emit.insert_quant_ops`), and
+           contrib's one-at-a-time functions (`quant_ops`)
+
+`qat.api` wires them (`qat.insert_quant_ops`): the graph's layer calls
+inlined (`qat.prepare`), the plan, then the emission, with data-parallel
+replicas sharing ranges through `qat.distribute`.
 """

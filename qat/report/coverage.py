@@ -20,7 +20,7 @@ import tensorflow as tf
 from qat.export import freeze
 from qat.export.errors import GraphLoadError
 from qat.report import float_tensors as float_lib
-from qat.report import structure
+from qat.tflite import graph_structure as structure
 
 
 @dataclasses.dataclass

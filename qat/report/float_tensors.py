@@ -23,11 +23,11 @@ from typing import List, Optional, Sequence, Set
 import tensorflow as tf
 
 from qat.matching import layer_patterns
-from qat.quantize import activation_patterns
-from qat.quantize import embeddings
-from qat.quantize import patterns as quantize_patterns
-from qat.quantize import plan as quantize_plan
-from qat.report import structure
+from qat.quantize.plan import activation_patterns
+from qat.quantize.plan import lookups
+from qat.quantize.plan import patterns as quantize_patterns
+from qat.quantize.plan import planner as quantize_plan
+from qat.tflite import graph_structure as structure
 
 # TF op types whose TFLite builtins have int8/uint8 kernels.
 INTEGER_KERNEL_TYPES = frozenset([
@@ -190,7 +190,7 @@ def find_float_tensors(graph: tf.Graph, path: Set[tf.Operation],
                                           structure.INPUT_TYPES for i in inputs[:1]):
             ranged.add(out)
             continue
-        if (op.type in embeddings.GATHER_TYPES and embeddings.lookup_table(op) is not None
+        if (op.type in lookups.GATHER_TYPES and lookups.lookup_table(op) is not None
                 and op.inputs[0].name in ranged):
             ranged.add(out)  # GATHER: the table's scale.
             continue

@@ -26,18 +26,21 @@ accumulation does not.
 import dataclasses
 import json
 import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
 from qat.export import convert as convert_lib
 from qat.export import freeze
-from qat.export import inspect
 from qat.export import parity
 from qat.export import range_survival
-from qat.report import structure
-from qat.report import tflite_names
+from qat.report import model_runs
+from qat.report.model_runs import bypass_fake_quants
+from qat.report.model_runs import read_forced_inputs  # pylint: disable=unused-import
+from qat.report.model_runs import run_tflite_tensors
+from qat.tflite import graph_structure as structure
+from qat.tflite import names as tflite_names
 
 DRIFT_STEPS = 1.0  # A TFLite tensor off by more than this many steps "drifts".
 _STEP_TOLERANCE = 1e-3  # Float rounding of diff / scale: 1.0000001 steps is one step.
@@ -162,126 +165,6 @@ def sqnr_db(reference: np.ndarray, other: np.ndarray) -> float:
     return 10.0 * math.log10(signal / noise)
 
 
-def bypass_fake_quants(graph_def: tf.compat.v1.GraphDef) -> tf.compat.v1.GraphDef:
-    """A copy of `graph_def` with each FakeQuant replaced by Identity(input 0)."""
-    result = tf.compat.v1.GraphDef()
-    result.CopyFrom(graph_def)
-    for node in result.node:
-        if node.op in structure.FAKE_QUANT_TYPES:
-            data = node.input[0]
-            controls = [i for i in node.input if i.startswith("^")]
-            node.op = "Identity"
-            del node.input[:]
-            node.input.extend([data] + controls)
-            node.attr.clear()
-            node.attr["T"].type = tf.float32.as_datatype_enum
-    return result
-
-
-def read_forced_inputs(graph_def: tf.compat.v1.GraphDef, tensors: Sequence[str]
-                       ) -> Tuple[tf.compat.v1.GraphDef, Dict[str, str]]:
-    """A copy of `graph_def` whose ops read each of `tensors` from a placeholder.
-
-    Each tensor keeps its producer (so it can still be fetched and compared),
-    but every op that read it reads the float32 placeholder
-    `<op>/forced_<output index>` (made unique with "_") instead: fed with
-    another model's values of those tensors, the graph computes each of them
-    from the other model's values of the ones before it.
-
-    Args:
-      graph_def: a frozen graph.
-      tensors: float32 tensor names ("op:0") of `graph_def`.
-
-    Returns:
-      (the new GraphDef, {tensor: its placeholder's tensor}); `graph_def` is
-      not changed.
-    """
-    result = tf.compat.v1.GraphDef()
-    result.CopyFrom(graph_def)
-    taken = {node.name for node in result.node}
-    forced = {}
-    for name in tensors:
-        op_name, index = name.rsplit(":", 1)
-        placeholder_name = f"{op_name}/forced_{index}"
-        while placeholder_name in taken:
-            placeholder_name += "_"
-        taken.add(placeholder_name)
-        placeholder = result.node.add(name=placeholder_name, op="Placeholder")
-        placeholder.attr["dtype"].type = tf.float32.as_datatype_enum
-        forced[name] = placeholder.name
-        if index == "0":
-            forced[op_name] = placeholder.name
-    for node in result.node:
-        for k, source in enumerate(node.input):
-            if source in forced:
-                node.input[k] = forced[source]
-    return result, {name: forced[name] + ":0" for name in tensors}
-
-
-def _run(graph_def, feeds: Dict[str, np.ndarray], names: Sequence[str], batch_size: int
-         ) -> List[np.ndarray]:
-    """Runs `graph_def` on `feeds` ({tensor: all examples}) in batches."""
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.import_graph_def(graph_def, name="")
-    fetches = [graph.get_tensor_by_name(n) for n in names]
-    feed_tensors = {graph.get_tensor_by_name(n): v for n, v in feeds.items()}
-    count = len(next(iter(feeds.values())))
-    # A feed of k rows per example ([batch * seq, ...]) is cut k rows at a time.
-    rows = {t: max(len(v) // count, 1) for t, v in feed_tensors.items()}
-    chunks = []
-    with tf.compat.v1.Session(graph=graph) as sess:
-        for i in range(0, count, batch_size):
-            chunks.append(sess.run(fetches, {t: v[i * rows[t]:(i + batch_size) * rows[t]]
-                                             for t, v in feed_tensors.items()}))
-    return [np.concatenate([c[k] for c in chunks]) for k in range(len(names))]
-
-
-def run_tflite_tensors(model: bytes, samples: "parity.Inputs", batch_size: int = 64
-                       ) -> Dict[str, Dict[str, Any]]:
-    """Runs a TFLite model keeping every tensor; returns them dequantized.
-
-    `samples`: an array for the first input, or {input name: array} for every
-    input (integer ids and masks fed as they are; see `parity.set_input`).
-
-    Returns:
-      {TFLite tensor name: {"value": float array over all samples,
-      "scale": float or None, "integer": bool}} for the model input and every
-      op output. A scalar tensor (no example axis, e.g. a reduction over the
-      whole batch) is the value of the first batch.
-    """
-    from ai_edge_litert import interpreter as litert  # pylint: disable=import-outside-toplevel
-    report = inspect.describe_model(model)
-    wanted = set(report.inputs)
-    for op in report.ops:
-        wanted.update(op.outputs)
-    chunks: Dict[int, List[np.ndarray]] = {i: [] for i in wanted}
-    count = len(next(iter(samples.values()))) if isinstance(samples, Mapping) else len(samples)
-    for start in range(0, count, batch_size):
-        if isinstance(samples, Mapping):
-            batch = {k: np.asarray(v[start:start + batch_size]) for k, v in samples.items()}
-        else:
-            batch = np.asarray(samples[start:start + batch_size], np.float32)
-        interp = litert.Interpreter(
-            model_content=model, experimental_preserve_all_tensors=True,
-            experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-        parity.set_input(interp, batch)
-        interp.invoke()
-        for index in wanted:
-            chunks[index].append(np.array(interp.get_tensor(index)))
-    result = {}
-    for index in wanted:
-        info = report.tensors[index]
-        parts = chunks[index]
-        value = (np.concatenate(parts) if parts[0].ndim else parts[0]).astype(np.float64)
-        integer = np.issubdtype(np.dtype(info.dtype), np.integer) and info.scale > 0
-        if integer:
-            value = (value - info.zero_point) * info.scale
-        result[info.name] = {"value": value, "scale": info.scale if integer else None,
-                             "integer": integer}
-    return result
-
-
 def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
                    input_name: Union[str, Sequence[str]],
                    output_names: Sequence[str], samples: "parity.Inputs",
@@ -333,8 +216,8 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
         rows_spec.append((op.name, op.outputs[0].name, [op.name]))
     names = [tensor for _, tensor, _ in rows_spec]
     inputs = {freeze.tensor_name(n): v for n, v in feeds.items()}
-    qat_values = _run(frozen_graph_def, inputs, names, batch_size)
-    float_values = _run(bypass_fake_quants(frozen_graph_def), inputs, names, batch_size)
+    qat_values = model_runs.run_graph(frozen_graph_def, inputs, names, batch_size)
+    float_values = model_runs.run_graph(bypass_fake_quants(frozen_graph_def), inputs, names, batch_size)
     tflite = run_tflite_tensors(model, feeds if len(feeds) > 1 else next(iter(feeds.values())),
                                 batch_size)
     graph_ops = {op.name for op in graph.get_operations()}
@@ -342,7 +225,7 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
     forced = {name: match for name, match, qat in zip(names, matches, qat_values)
               if match is not None and qat.dtype == np.float32}
     forced.update(tflite_names.unquantized_tensors_tflite_rounds(path, graph, forced, tflite))
-    own_values = _run_given_tflite(frozen_graph_def, inputs, names, forced, tflite,
+    own_values = model_runs.run_given_tflite(frozen_graph_def, inputs, names, forced, tflite,
                                    batch_size)
     rows = []
     for (label, tensor, _), qat, flt, match, own in zip(rows_spec, qat_values, float_values,
@@ -362,36 +245,6 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
             float(np.abs(qat - flt).max() / step) if qat.size else math.nan, own_steps))
     lost = range_survival.check_ranges(frozen_graph_def, model).lost
     return NumericsReport(flavour, len(next(iter(feeds.values()))), rows, drift_steps, lost)
-
-
-def _run_given_tflite(graph_def, inputs: Dict[str, np.ndarray], names: Sequence[str],
-                      forced: Dict[str, str], tflite: Dict[str, Dict[str, Any]],
-                      batch_size: int) -> List[np.ndarray]:
-    """Each of `names` computed by the eval graph from TFLite's values before it.
-
-    `forced` maps the eval graph tensors read from TFLite to their TFLite
-    tensors; those without an example axis (values of one batch) are not read.
-    """
-    count = len(next(iter(inputs.values())))
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.import_graph_def(graph_def, name="")
-
-    def per_example(name, value):
-        # The examples' axis, or a dynamic one of k rows per example
-        # (BERT's [batch * seq, hidden] matrices).
-        if not np.ndim(value) or len(value) % count:
-            return False
-        shape = graph.get_tensor_by_name(name).shape
-        return len(value) == count or (shape.rank and shape[0] is None)
-
-    forced = {name: match for name, match in forced.items()
-              if per_example(name, tflite[match]["value"])}
-    graph_def, placeholders = read_forced_inputs(graph_def, sorted(forced))
-    feeds = dict(inputs)
-    for name, match in forced.items():
-        feeds[placeholders[name]] = tflite[match]["value"].astype(np.float32)
-    return _run(graph_def, feeds, names, batch_size)
 
 
 def layer_numerics_from_session(sess: tf.compat.v1.Session,

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from qat.report import structure
+from qat.tflite import graph_structure as structure
 
 WEIGHT_HISTOGRAM_PREFIX = "weights/"
 

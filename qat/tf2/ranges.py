@@ -82,10 +82,6 @@ class RangeStore(function_graphs.VariableStore):
         """Under a strategy: its replica's component (`qat.tf2.replicas`)."""
         return replicas.variable_handles(variable)
 
-    def range_all_reduce(self):
-        """Under a strategy, in replica context: the replicas' all-reduce
-        (none for the plan, which is traced, never run)."""
-        return None if self.planning else replicas.all_reduce_for_trace()
 
 
 class RangeHolder(tf.Module):

@@ -54,6 +54,8 @@ from tensorflow.python.distribute import cross_device_utils
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
 
+from qat.distribute import data_parallel
+
 class NotMirroredError(ValueError):
     """A range variable read by several replicas is not a mirrored variable."""
 
@@ -276,3 +278,22 @@ def container(variable: tf.Variable) -> tf.Variable:
     ref = getattr(variable, "_distributed_container", None)
     found = ref() if callable(ref) else None
     return found if found is not None else variable
+
+
+class TraceReplication(data_parallel.DataParallel):
+    """The quantize pass's replication hook in a quantized model's trace.
+
+    As for graphs (`qat.distribute.DataParallel`), with the range statistics
+    of a training trace all-reduced over the strategy's replicas when the
+    trace is a replica's (`all_reduce_for_trace`; none for the plan, which is
+    traced, never run).
+
+    Args:
+      store: the model's `qat.tf2.ranges.RangeStore`.
+    """
+
+    def __init__(self, store):
+        self._store = store
+
+    def all_reduce(self):
+        return None if self._store.planning else all_reduce_for_trace()

@@ -45,6 +45,7 @@ class FunctionRewriter(object):
         self.scope = "" if call.inputs_as_one else _identifier(call.name) + "/"
         self.configs = configs
         self.store = store
+        self._replication = replicas.TraceReplication(store)
         self.functions = {
             training: tf.function(self._traced(training), input_signature=call.signature,
                                   autograph=True)
@@ -72,7 +73,7 @@ class FunctionRewriter(object):
         ends = [tf.identity(t) for t in flat]
         with function_graphs.editing(graph, self.store):
             try:
-                result = api.rewrite_graph(graph, self.configs[training])
+                result = api.rewrite_graph(graph, self.configs[training], self._replication)
             except ranges.UnplannedRangeError as e:
                 self._error = ranges.UnplannedRangeError(f"{e}{self._new_layers(graph)}")
                 raise self._error

@@ -1,0 +1,56 @@
+"""Graph facts about single tensors and ops that several stages read.
+
+What a FakeQuant op is, which dtypes FakeQuant quantizes, whether a gather is
+a row lookup, what an op set feeds: facts of the graph, not decisions of a
+pass. The resource-gather split (`qat.prepare.resource_gathers`), the
+planner's lookups (`qat.quantize.plan.lookups`), its graph view
+(`qat.quantize.plan.graph`) and the quantizer specs
+(`qat.quantize.emit.quantizer_spec`) all read them from here.
+"""
+from typing import Iterable, Set
+
+import tensorflow as tf
+from tensorflow.python.framework import tensor_util
+
+# The FakeQuant ops qat builds (contrib's), per tensor and per channel.
+FAKE_QUANT_TYPES = frozenset(
+    ["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxVarsPerChannel"])
+# Mixed precision: tensors of these dtypes are cast to float32 for their
+# FakeQuant (`<prefix>/ToFloat32`) and back (`<prefix>/FromFloat32`); the
+# range variables are float32 as always.
+LOW_PRECISION_DTYPES = frozenset([tf.float16, tf.bfloat16])
+# What FakeQuant can quantize (float16 / bfloat16 through float32).
+QUANTIZABLE_DTYPES = frozenset([tf.float32]) | LOW_PRECISION_DTYPES
+
+
+def is_float(t: tf.Tensor) -> bool:
+    """Whether `t` has a dtype FakeQuant quantizes (float32, float16, bfloat16)."""
+    return t.dtype.base_dtype in QUANTIZABLE_DTYPES
+
+
+def gathers_rows(op: tf.Operation) -> bool:
+    """A gather along axis 0 without batch dimensions (a table lookup)."""
+    if op.type == "GatherV2":
+        axis = tensor_util.constant_value(op.inputs[2])
+        if axis is None or int(axis) != 0:
+            return False
+    try:
+        if op.get_attr("batch_dims"):
+            return False
+    except ValueError:
+        pass
+    return True
+
+
+def forward_closure(seeds: Iterable[tf.Operation]) -> Set[tf.Operation]:
+    """`seeds` and every op that reads, directly or not, what they compute."""
+    seen = set(seeds)
+    stack = list(seen)
+    while stack:
+        op = stack.pop()
+        for out in op.outputs:
+            for c in out.consumers():
+                if c not in seen:
+                    seen.add(c)
+                    stack.append(c)
+    return seen

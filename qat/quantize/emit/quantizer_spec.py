@@ -1,0 +1,143 @@
+"""What one quantizer is: `QuantizerSpec`, validated before anything is built.
+
+`qat.quantize.emit.quantizer_batch` builds quantizers from these specs.
+"""
+import dataclasses
+from typing import Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from qat.engine import config as config_lib
+from qat.matching import tensors
+
+# Name of the FakeQuant op inside each quantizer's scope (contrib's names).
+FAKE_QUANT_NAME = "FakeQuantWithMinMaxVars"
+FAKE_QUANT_TYPES = tensors.FAKE_QUANT_TYPES
+MIN_NUM_BITS = config_lib.MIN_BITS
+MAX_NUM_BITS = config_lib.MAX_BITS
+DEFAULT_VARS_COLLECTION = tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES
+# Mixed precision (`qat.matching.tensors`): float16 and bfloat16 tensors are
+# cast to float32 for their FakeQuant and back.
+LOW_PRECISION_DTYPES = tensors.LOW_PRECISION_DTYPES
+QUANTIZABLE_DTYPES = tensors.QUANTIZABLE_DTYPES
+
+
+def validate_num_bits(num_bits: int, what: str = "num_bits",
+                      low: int = MIN_NUM_BITS,
+                      high: int = MAX_NUM_BITS) -> None:
+    """Checks a bit width.
+
+    Args:
+      num_bits: the bit width to check.
+      what: the argument's name, used in the error message.
+      low: smallest allowed value.
+      high: largest allowed value.
+
+    Raises:
+      ValueError: when `num_bits` is not an int in [low, high].
+    """
+    if (isinstance(num_bits, bool) or not isinstance(num_bits, int)
+            or not low <= num_bits <= high):
+        raise ValueError(
+            f"{what} must be an integer between {low} and {high} "
+            f"(FakeQuant supports that range), got {num_bits!r}.")
+
+
+@dataclasses.dataclass
+class QuantizerSpec:
+    """One quantizer to build.
+
+    Attributes:
+      inputs: the float tensor to quantize.
+      prefix: absolute name scope; variables `<prefix>/min|max`.
+      moving_average: True for the EMA quantizer (activations), False for the
+        last-value one (weights).
+      is_training: build the range updates (else read the variables).
+      num_bits: bit width.
+      narrow_range: quantize to [1, 2^b - 1].
+      symmetric: symmetric ranges.
+      per_channel: one range per index of the last dimension.
+      ema_decay: moving-average decay.
+      init_min: initial min.
+      init_max: initial max.
+      quant_delay: use the FakeQuant output only from this step on.
+      vars_collection: extra collection for the variables.
+      channel_reshape: reshape `inputs` to this static shape before a
+        per-channel FakeQuant, and back after (depthwise filters).
+      nonnegative: `inputs` is never negative (a Relu / Relu6 output): the
+        batch min is 0 without computing it (one reduction less per step).
+      device: device of the compute ops (`qat.engine.placement`).
+      variable_device: device of the range variables and the ops reading or
+        assigning them; "" lets an active device function decide.
+      init_from_first_batch: a moving-average range is the bias-corrected
+        average of the batch ranges, rate (1 - decay) / (1 - decay^t) at
+        quantization step t: the first batch's min and max at t = 1 (no
+        prior such as [-6, 6] squashes small activations), the mean of the
+        batches so far early on (a fast-growing range is followed), rate
+        1 - decay later. False: rate 1 - decay from `init_min` / `init_max`.
+      range_of: shared ranges (`qat.quantize.plan.shared_ranges`): the index, in
+        the same batch, of an earlier quantizer whose range this one reads;
+        it then owns no variables and updates nothing.
+      range_before_update: with `range_of`, in training: read that
+        quantizer's variables as they were before this step's update (a
+        member of a concatenation's group) instead of what its FakeQuant
+        reads. Eval graphs read the variables either way.
+      statistics_of: in training, further tensors whose batch min and max
+        join this quantizer's in its range update (the other members of a
+        concatenation's group).
+      fixed_range: a constant (min, max) instead of variables
+        (`qat.quantize.plan.fixed_ranges`): no variables, no updates.
+    """
+    inputs: tf.Tensor
+    prefix: str
+    moving_average: bool
+    is_training: bool = True
+    num_bits: int = 8
+    narrow_range: bool = False
+    symmetric: bool = False
+    per_channel: bool = False
+    ema_decay: float = 0.999
+    init_min: float = -6.0
+    init_max: float = 6.0
+    quant_delay: Optional[int] = None
+    vars_collection: Optional[str] = DEFAULT_VARS_COLLECTION
+    channel_reshape: Optional[Sequence[int]] = None
+    nonnegative: bool = False
+    device: str = ""
+    variable_device: str = ""
+    init_from_first_batch: bool = False
+    range_of: Optional[int] = None
+    range_before_update: bool = False
+    statistics_of: Tuple[tf.Tensor, ...] = ()
+    earlier_range: Optional[Tuple[tf.Tensor, ...]] = None
+    all_reduce: Optional[object] = None
+    fixed_range: Optional[Tuple[float, float]] = None
+
+    def validate(self) -> None:
+        """Raises ValueError for bad settings (before anything is built)."""
+        validate_num_bits(self.num_bits)
+        if not 0.0 <= float(self.ema_decay) <= 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1], got {self.ema_decay!r}.")
+        if self.inputs.dtype.base_dtype not in QUANTIZABLE_DTYPES:
+            raise ValueError(
+                f"Cannot quantize '{self.inputs.name}': FakeQuant needs float32 "
+                f"(float16 and bfloat16 are cast to float32 and back), got "
+                f"{self.inputs.dtype.name}.")
+        if self.range_of is not None and self.statistics_of:
+            raise ValueError(
+                f"'{self.prefix}' reads another quantizer's range: it cannot "
+                "have statistics of its own.")
+        if self.per_channel:
+            shape = (tf.TensorShape(self.channel_reshape)
+                     if self.channel_reshape else self.inputs.shape)
+            if shape.rank not in (1, 2, 3, 4) or shape[-1] is None:
+                raise ValueError(
+                    f"Per-channel quantization of '{self.inputs.name}' needs a "
+                    "tensor of rank 1 to 4 with a known last dimension, got "
+                    f"shape {shape}.")
+
+
+def low_precision_dtype(t: tf.Tensor) -> Optional[tf.DType]:
+    """float16 / bfloat16 for a tensor quantized in float32, else None."""
+    dtype = t.dtype.base_dtype
+    return dtype if dtype in LOW_PRECISION_DTYPES else None

@@ -1,0 +1,191 @@
+"""The ops that update a quantizer's range while training (a mixin of `QuantizerBatch`).
+
+Last value (weights): the batch's min and max, widened to include 0.
+Moving average (activations): `v -= rate * (v - batch value)`; rate 1 - decay,
+or, when the quantization step t is given, the bias-corrected (1 - decay) /
+(1 - decay^t) (see `RangeUpdates._ema_rate`).
+Symmetric ranges widen one side; a concatenation's group (`statistics_of`)
+takes the min and max over every member. An empty activation batch range (a
+dead ReLU's [0, 0]) becomes `EMPTY_RANGE_WIDTH` wide (`RangeUpdates._widen_empty`).
+Each method writes NodeDefs through `QuantizerBatch`'s helpers and returns the
+names of the range's (min, max).
+"""
+import dataclasses
+
+import tensorflow as tf
+
+from qat.quantize.emit.quantizer_spec import low_precision_dtype
+
+_FLOAT = tf.float32
+_INT32 = tf.int32
+_INT64 = tf.int64
+
+# The width an empty activation batch range is given. A ReLU that never fires
+# has the batch range [0, 0]; TFLite's converter widens an empty range to about
+# 1e-6, and the next layer's bias scale (input scale x weight scale) then makes
+# its int32 bias overflow. With this width the bias stays representable while
+# |bias| / max|weight| < 2^31 * EMPTY_RANGE_WIDTH / (255 * 127) (about 660).
+# Only empty ranges are widened: a narrow live range (a layer norm's variance)
+# keeps its resolution.
+EMPTY_RANGE_WIDTH = 1e-2
+
+
+class RangeUpdates(object):
+    """Mixin of `qat.quantize.emit.quantizer_batch.QuantizerBatch` (uses its NodeDef helpers)."""
+
+    def _updates(self, spec, p, x, rank, min_var, max_var, step):
+        zero = self._shared_const("zero", 0.0, tf.float32)
+        nonnegative = spec.nonnegative and not spec.per_channel
+        batch_min, batch_max = self._batch_range(spec, p, x, rank, nonnegative)
+        for k, t in enumerate(spec.statistics_of):
+            # A concatenation's group: the range covers every member.
+            q = "%s/member_%d" % (p, k)
+            # Reduced where the member is (another replica's device).
+            self._device = t.op.device or spec.device
+            y = self._external(t)
+            low = low_precision_dtype(t)
+            if low is not None:
+                y = self._cast(q + "/ToFloat32", y, low, _FLOAT)
+            y_min, y_max = self._batch_range(
+                dataclasses.replace(spec, per_channel=False), q, y, t.shape.rank,
+                t.op.type in ("Relu", "Relu6"))
+            self._device = spec.device
+            if y_min is not None:
+                batch_min = y_min if batch_min is None else self._node(
+                    q + "/GroupMin", "Minimum", [batch_min, y_min], T=_FLOAT)
+            batch_max = self._node(q + "/GroupMax", "Maximum", [batch_max, y_max],
+                                   T=_FLOAT)
+        if spec.all_reduce is not None:  # The same range on every worker.
+            if batch_min is not None:
+                batch_min = spec.all_reduce.emit(self._nodes, p + "/all_reduce_min", batch_min, "Min")
+            batch_max = spec.all_reduce.emit(self._nodes, p + "/all_reduce_max", batch_max, "Max")
+        nonnegative = batch_min is None
+        if nonnegative:
+            # min(batch) >= 0, so min(batch_min, 0) = 0 and max(batch_max, 0)
+            # = batch_max: no reduction for the min.
+            lo, hi = zero, batch_max
+        else:
+            # TFLite requires 0 inside every range.
+            lo = self._node(p + "/Minimum", "Minimum", [batch_min, zero],
+                            T=_FLOAT)
+            hi = self._node(p + "/Maximum", "Maximum", [batch_max, zero],
+                            T=_FLOAT)
+        if spec.moving_average:
+            lo, hi = self._widen_empty(p, lo, hi)
+        if spec.symmetric:
+            lo, hi = self._symmetric(p, lo, hi, spec.num_bits, spec.narrow_range)
+        if spec.moving_average:
+            rate = self._ema_rate(float(spec.ema_decay), step if spec.init_from_first_batch
+                                  else None)
+            lo = self._ema(p + "/AssignMinEma", min_var, lo, rate)
+            hi = self._ema(p + "/AssignMaxEma", max_var, hi, rate)
+        else:
+            lo = self._assign(p + "/AssignMinLast", min_var, lo)
+            hi = self._assign(p + "/AssignMaxLast", max_var, hi)
+        return lo, hi
+
+    def _widen_empty(self, p, lo, hi):
+        """(lo, hi), or (lo, lo + `EMPTY_RANGE_WIDTH`) where hi <= lo.
+
+        Applied to the batch range before the moving average, so the
+        variables, the training graph and the eval graph (which reads the
+        variables) agree. A dead ReLU's output is all zeros, the same values
+        on any range holding 0.
+        """
+        width = self._shared_const("empty_range_width", EMPTY_RANGE_WIDTH, tf.float32)
+        top = self._node(p + "/EmptyRangeTop", "AddV2", [lo, width], T=_FLOAT)
+        live = self._node(p + "/RangeNotEmpty", "Greater", [hi, lo], T=_FLOAT)
+        return lo, self._node(p + "/WidenEmpty", "SelectV2", [live, hi, top], T=_FLOAT)
+
+    def _batch_range(self, spec, p, x, rank, nonnegative):
+        """(batch min or None when `nonnegative`, batch max) of `x`."""
+        batch_min = None
+        if spec.per_channel and rank == 1:
+            batch_min = batch_max = x  # Every element is its own channel.
+        elif rank is None:  # Unknown rank (per-tensor only): reduce it flat.
+            flat = self._node(p + "/Flatten", "Reshape",
+                              [x, self._shared_const("flat_shape", [-1], tf.int32)],
+                              T=_FLOAT, Tshape=_INT32)
+            axis = self._shared_const("reduction_indices", [0], tf.int32)
+            if not nonnegative:
+                batch_min = self._node(p + "/BatchMin", "Min", [flat, axis],
+                                       T=_FLOAT, Tidx=_INT32)
+            batch_max = self._node(p + "/BatchMax", "Max", [flat, axis],
+                                   T=_FLOAT, Tidx=_INT32)
+        else:
+            axes = list(range(rank - 1)) if spec.per_channel else list(range(rank))
+            axes_const = self._shared_const("reduction_indices", axes,
+                                            tf.int32)
+            if not nonnegative:
+                batch_min = self._node(p + "/BatchMin", "Min", [x, axes_const],
+                                       T=_FLOAT, Tidx=_INT32)
+            batch_max = self._node(p + "/BatchMax", "Max", [x, axes_const],
+                                   T=_FLOAT, Tidx=_INT32)
+        return batch_min, batch_max
+
+    def _ema_rate(self, decay: float, step) -> str:
+        """The moving average's rate: 1 - decay; with the step t, bias-corrected.
+
+        With the quantization step t (1 on the first training run) the rate is
+        (1 - decay) / (1 - decay^t): the zero-debiased moving average of the
+        batch ranges so far (Adam's bias correction), with no variable of its
+        own. It is 1 at t = 1 (the first batch's range), about 1/t while
+        t << 1 / (1 - decay) (the mean of the batches so far, which follows a
+        fast-changing range early in training), and 1 - decay later. Decay 1
+        gives the limit 1/t (the mean of every batch).
+        """
+        if step is None:
+            return self._shared_const("ema_rate", 1.0 - decay, tf.float32)
+        key = ("debiased_rate", decay)
+        if key not in self._shared:
+            scope = "%s/ema_rate_%d" % (self._shared_scope_name(), len(self._shared))
+            step_ref = step if isinstance(step, str) else self._external(step)
+            count = self._nodes.node(scope + "/step", "Cast", [step_ref], SrcT=_INT64,
+                                     DstT=_FLOAT, Truncate=False)
+            # The step is 1 on the first training run; never divide 0 by 0 if a
+            # run reads the counter before its increment.
+            t = self._nodes.node(scope + "/step_at_least_one", "Maximum",
+                                 [count, self._shared_const("one_step_f", 1.0, tf.float32)],
+                                 T=_FLOAT)
+            if decay == 1.0:
+                self._shared[key] = self._nodes.node(scope + "/rate", "Reciprocal", [t],
+                                                     T=_FLOAT)
+            else:
+                # 1 - decay and 1 - decay^1 are the same float32 subtraction: the rate
+                # of the first step is exactly 1.
+                d = self._shared_const("ema_decay", decay, tf.float32)
+                one = self._shared_const("one", 1.0, tf.float32)
+                num = self._nodes.node(scope + "/one_minus_decay", "Sub", [one, d], T=_FLOAT)
+                power = self._nodes.node(scope + "/decay_pow_step", "Pow", [d, t], T=_FLOAT)
+                den = self._nodes.node(scope + "/one_minus_decay_pow", "Sub", [one, power],
+                                       T=_FLOAT)
+                self._shared[key] = self._nodes.node(scope + "/rate", "RealDiv", [num, den],
+                                                     T=_FLOAT)
+        return self._shared[key]
+
+    def _symmetric(self, p, lo, hi, num_bits, narrow_range):
+        """max = -min * (2^b - 2) / 2^b (-min if narrow), widening one side."""
+        if narrow_range:
+            ratio = -1.0
+        else:
+            # Two's complement: the negative side is one step longer.
+            ratio = -float((1 << num_bits) - 2) / float(1 << num_bits)
+        r = self._shared_const("symmetric_ratio", ratio, tf.float32)
+        div = self._node(p + "/symmetric_div", "RealDiv", [hi, r], T=_FLOAT)
+        mul = self._node(p + "/symmetric_mul", "Mul", [lo, r], T=_FLOAT)
+        new_lo = self._node(p + "/SymmetricMin", "Minimum", [lo, div], T=_FLOAT)
+        new_hi = self._node(p + "/SymmetricMax", "Maximum", [hi, mul], T=_FLOAT)
+        return new_lo, new_hi
+
+    def _ema(self, scope, var, value, rate):
+        # The value before the update: the update's data dependency on it
+        # orders the two.
+        emitter = self._variables_emitter
+        read = emitter.before_update(var, self._variable_device)
+        sub = self._node(scope + "/sub", "Sub", [read, value], T=_FLOAT)
+        delta = self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
+        return emitter.assign_sub(scope, var, delta, device=self._variable_device)
+
+    def _assign(self, scope, var, value):
+        return self._variables_emitter.assign(scope, var, value,
+                                              device=self._variable_device)

@@ -1,0 +1,352 @@
+"""What the quantize planner reads off a graph (no decisions, no edits).
+
+`GraphView` finds the layer ops, the gradient ops (never quantized), the data
+path (ops downstream of graph inputs, embedding lookups and layers), the
+consumers a quantizer of a tensor must feed, and the "tail" of a layer (bias
+add, batch norm, the fold pass's training tail) up to the tensor that is the
+layer's output.
+Module functions recognise quantizers an earlier pass built.
+"""
+from typing import List, Optional, Set, Tuple
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import tensor_util
+
+from qat.engine import marks
+from qat.matching import layer_patterns
+from qat.matching import tensors
+from qat.matching.matcher import GraphMatcher
+from qat.matching.tensors import forward_closure
+from qat.quantize.plan import lookups
+from qat.quantize.plan import patterns as qp
+
+
+def context(op: tf.Operation) -> str:
+    """The op's name scope ("" at the root)."""
+    return op.name.rsplit("/", 1)[0] if "/" in op.name else ""
+
+
+def own_context(op: tf.Operation) -> str:
+    """The op's scope, or its own name for ops at the root."""
+    return context(op) or op.name
+
+
+def join(ctx: str, kind: str) -> str:
+    return ctx + "/" + kind if ctx else kind
+
+
+def is_float(t: tf.Tensor) -> bool:
+    """Whether FakeQuant can quantize `t` (float16 / bfloat16 through float32).
+
+    A fused batch norm's statistics outputs are not data (only output 0 is).
+    """
+    return tensors.is_float(t) and not (
+        t.value_index and t.op.type in qp.BATCH_NORM_TYPES)
+
+
+# FakeQuant ops qat did not build (contrib's, hand-made): reused as ranges.
+USER_FAKE_QUANT_TYPES = tensors.FAKE_QUANT_TYPES | {"FakeQuantWithMinMaxArgs"}
+
+
+def existing_quantizer(t: tf.Tensor):
+    """Finds the quantizer on `t`: qat's own (by its mark) or a user's FakeQuant.
+
+    Returns:
+      (output tensor consumers read, set of quantizer ops reading `t`), or
+      (None, empty set) when `t` has no quantizer.
+    """
+    out = marks.quantizer_of(t)
+    if out is not None:
+        internal = {c for c in t.consumers()
+                    if marks.made_by_qat(c, marks.QUANTIZER, marks.QUANTIZER_OUTPUT)}
+        return out, internal
+    for c in t.consumers():
+        if c.type in USER_FAKE_QUANT_TYPES and c.inputs[0] is t:
+            return c.outputs[0], {c}
+    return None, set()
+
+
+def is_quantized_output(t: tf.Tensor) -> bool:
+    """True if `t` is the output of a quantizer (qat's, or a user's FakeQuant)."""
+    return (marks.made_by_qat(t.op, marks.QUANTIZER_OUTPUT)
+            or t.op.type in USER_FAKE_QUANT_TYPES)
+
+
+def _scales_by_scalar(op: tf.Operation, is_data) -> bool:
+    """A multiply or divide by a scalar: user arithmetic, not a batch norm.
+
+    Batch-norm scales are per-channel vectors; a scalar factor after a layer
+    is an op of its own (hard-sigmoid, swish's beta, a scaled residual). In
+    the tail, the converter would fold it into the already quantized weights
+    and leave the layer in float.
+    """
+    if op.type not in ("Mul", "RealDiv", "Div"):
+        return False
+    return any(not is_data(i) and i.shape.rank == 0 for i in op.inputs)
+
+
+_UNFUSED_BATCH_NORM_MATCHER = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
+
+
+def _is_batch_norm(op: tf.Operation) -> bool:
+    return (op.type in qp.BATCH_NORM_TYPES or marks.made_by_qat(op, marks.FOLD)
+            or (op.type in ("Add", "AddV2")
+                and _UNFUSED_BATCH_NORM_MATCHER.match_op(op) is not None))
+
+
+def _channel_axis(layer: tf.Operation, rank: int) -> int:
+    try:
+        channels_first = layer.get_attr("data_format").startswith(b"NC")
+    except ValueError:  # MatMul: [batch, channels].
+        channels_first = False
+    return 1 if channels_first else rank - 1
+
+
+def _reduces_channels(op: tf.Operation, layer: tf.Operation) -> bool:
+    """A reduction over the layer's channel axis: never part of its tail.
+
+    A batch norm's statistics are per channel (the reduction keeps the
+    channel axis); layer norm reduces over the channels of each example, a
+    computation of its own that TFLite runs as MEAN, SQUARED_DIFFERENCE, ...
+    with ranges between them. Unknown axes count as a channel reduction.
+    """
+    if op.type not in qp.REDUCTION_TYPES:
+        return False
+    rank = op.inputs[0].shape.rank
+    axes = tensor_util.constant_value(op.inputs[1])
+    if rank is None or axes is None:
+        return True
+    return _channel_axis(layer, rank) in {int(a) % rank for a in np.ravel(axes)}
+
+
+def _restores_rank(op: tf.Operation, rank: Optional[int]) -> bool:
+    """A reshape from another rank back to the layer's `rank`."""
+    return (op.type in ("Reshape", "Squeeze") and rank is not None
+            and op.outputs[0].shape.rank == rank
+            and op.inputs[0].shape.rank not in (None, rank))
+
+
+class GraphView(object):
+    """Layers, gradient ops, data path and consumers of one graph."""
+
+    def __init__(self, graph: tf.Graph):
+        self.graph = graph
+        ops = graph.get_operations()
+        self.ops = ops
+        # tf.gradients builds each gradient function under its forward op
+        # (recorded as `_original_op`); imported graphs lose that, so gradient
+        # kernels (ReluGrad, Conv2DBackpropFilter, ...) are seeds as well.
+        self.gradient_ops = forward_closure(
+            [op for op in ops if getattr(op, "_original_op", None) is not None
+             or qp.is_gradient_kernel(op)])
+        layers = layer_patterns.layer_ops(graph)
+        layers += [op for op in ops if op.type in qp.TRANSPOSED_CONV_TYPES]
+        self.gradient_layers = [op for op in layers if op in self.gradient_ops]
+        self.layers = sorted((op for op in layers if op not in self.gradient_ops),
+                             key=lambda o: o._id)  # pylint: disable=protected-access
+        seeds = list(self.layers)
+        seeds.extend(qp.data_input(layer).op for layer in self.layers)
+        seeds.extend(op for op in ops if op.type in qp.INPUT_TYPES
+                     and any(is_float(o) for o in op.outputs))
+        # Integer inputs enter through embedding lookups and casts.
+        self.entries = {op: table for op, table in lookups.entry_ops(ops).items()
+                        if op not in self.gradient_ops and (
+                            table is not None or self._reaches_layer(op))}
+        seeds.extend(self.entries)
+        self.data_ops = forward_closure(seeds) - self.gradient_ops
+        self.model_ops = self._ancestors(self.layers)
+        self.inference_ops = self._ancestors(self._inference_seeds())
+        self.library = None
+
+    def _reaches_layer(self, op: tf.Operation) -> bool:
+        reached = forward_closure([op]) - self.gradient_ops
+        return any(layer in reached for layer in self.layers)
+
+    def _inference_seeds(self) -> List[tf.Operation]:
+        """Ops whose results are model outputs: layers, producers of the
+        non-scalar tensors nothing reads, and what loss kernels read."""
+        seeds = list(self.layers)
+        for op in self.data_ops:
+            if op.type in qp.LOSS_KERNEL_TYPES:
+                seeds.extend(i.op for i in op.inputs if i.op in self.data_ops)
+                continue
+            if qp.is_state_update(op) or op.type in qp.METADATA_TYPES:
+                continue
+            for out in op.outputs:
+                if out.shape.rank != 0 and not self.readers(out):
+                    seeds.append(op)
+                    break
+        return seeds
+
+    def loss_ops(self, keep) -> Set[tf.Operation]:
+        """The loss arithmetic: ops that compute nothing but the loss.
+
+        Walks back from the scalars the data path reduces to (and from loss
+        kernels) through ops off the inference path, and stops at the first
+        op `keep(op)` is true for (a layer's tail, an activation, a
+        same-scale op such as the `tf.identity` naming a model output):
+        `reduce_mean(square(logits - y))` is loss from the Sub on, while a
+        model ending in `leaky_relu(x)` that only the loss reads still ends
+        in that activation, as its eval graph does.
+
+        Args:
+          keep: predicate on ops that belong to the model wherever they are.
+
+        Returns:
+          The ops of the loss: no range, no "left float" warning.
+        """
+        def is_root(op):
+            return op.type in qp.LOSS_KERNEL_TYPES or (
+                op.outputs and all(o.shape.rank == 0 for o in op.outputs))
+
+        loss: Set[tf.Operation] = set()
+        stack = [op for op in self.data_ops if is_root(op) and not keep(op)
+                 and op not in self.inference_ops]
+        while stack:
+            op = stack.pop()
+            if op in loss:
+                continue
+            loss.add(op)
+            for i in op.inputs:
+                p = i.op
+                if (p in self.data_ops and p not in loss and not keep(p)
+                        and p not in self.inference_ops):
+                    stack.append(p)
+        return loss
+
+    def _ancestors(self, ops) -> Set[tf.Operation]:
+        """Data ops some layer reads, directly or not (the model proper)."""
+        seen = set(ops)
+        stack = list(ops)
+        while stack:
+            op = stack.pop()
+            for i in op.inputs:
+                if i.op in self.data_ops and i.op not in seen:
+                    seen.add(i.op)
+                    stack.append(i.op)
+        return seen
+
+    def function_library(self):
+        """{function name: FunctionDef} of the graph (If branches)."""
+        if self.library is None:
+            self.library = {f.signature.name: f for f in
+                            self.graph.as_graph_def().library.function}
+        return self.library
+
+    def is_data(self, t: tf.Tensor) -> bool:
+        return t.op in self.data_ops
+
+    def consumers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
+        """Consumers a quantizer of `t` reroutes (also via an old quantizer)."""
+        out, internal = existing_quantizer(t)
+        found = [c for c in t.consumers() if c not in internal]
+        if out is not None:
+            found.extend(out.consumers())
+        result = []
+        for c in found:
+            if (c in exclude or c in self.gradient_ops or c in result
+                    or qp.is_state_update(c)):
+                continue
+            result.append(c)
+        return result
+
+    def readers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
+        """Consumers that compute with the value (not Shape & co)."""
+        return [c for c in self.consumers(t, exclude)
+                if c.type not in qp.METADATA_TYPES]
+
+    def walk_tail(self, layer: tf.Operation, stop=frozenset()
+                  ) -> Tuple[Set[tf.Operation], Optional[tf.Tensor]]:
+        """Returns (tail ops, layer output tensor) of a layer op.
+
+        An op joins the tail when it is a tail type, not in `stop`, and
+        every data input it has comes from the tail (the others are
+        parameters), so residual adds never join. The tail then
+        ends at a bias add or batch norm (`qat.quantize.plan.patterns.is_tail_end`):
+        a Squeeze, Reshape or Identity after it reads the layer output, so
+        training and eval graphs put the layer's one range at the same op
+        whatever follows it.
+        """
+        tail = {layer}
+        # The converter lowers a weighted Einsum to FULLY_CONNECTED and a
+        # RESHAPE, and adds the bias after the reshape: an ADD of its own.
+        stack = [] if layer.type in layer_patterns.EINSUM_TYPES else [layer]
+        while stack:
+            op = stack.pop()
+            for out in op.outputs:
+                for c in out.consumers():
+                    if (c in tail or c in self.gradient_ops or c in stop
+                            or not qp.is_tail_op(c)):
+                        continue
+                    if _scales_by_scalar(c, self.is_data):
+                        continue  # A MUL of its own, never folded.
+                    if _reduces_channels(c, layer):
+                        continue  # Layer-norm statistics: ops of their own.
+                    if all(i.op in tail or not self.is_data(i)
+                           for i in c.inputs):
+                        tail.add(c)
+                        stack.append(c)
+        self._cut_at_batch_to_space(tail)
+        self._prune_leaves(layer, tail)
+        exits = []
+        for op in tail:
+            for out in op.outputs:
+                if not is_float(out):
+                    continue
+                outside = [c for c in out.consumers()
+                           if c not in tail and c not in self.gradient_ops
+                           and not qp.is_state_update(c)
+                           and c.type not in qp.METADATA_TYPES]
+                if outside:
+                    exits.append(out)
+        if not exits:
+            # Nothing reads the tail yet (a final layer the user fetches).
+            exits = [out for op in tail for out in op.outputs
+                     if is_float(out) and not out.consumers()]
+        rank = layer.outputs[0].shape.rank
+        same_rank = [t for t in exits if t.shape.rank == rank]
+        exits = same_rank or exits
+        if not exits:
+            return tail, None
+        exits.sort(key=lambda t: (t.op._id, t.value_index))  # pylint: disable=protected-access
+        return tail, exits[-1]
+
+    @staticmethod
+    def _cut_at_batch_to_space(tail) -> None:
+        """Ends an atrous layer's tail before its BatchToSpaceND.
+
+        With a dynamic batch the converter does not fuse SpaceToBatchND ->
+        conv -> BatchToSpaceND into one dilated conv: TFLite's CONV_2D writes
+        the tensor the BatchToSpaceND reads, so that tensor carries the
+        layer's range (the eval fold adds b_fold before it), and a bias add
+        after it is an ADD of its own. Only a batch norm that still follows
+        (training graphs, where the fold keeps it) keeps the tail going: the
+        range is then after it, named the same.
+        """
+        for bts in [op for op in tail if op.type == "BatchToSpaceND"]:
+            after = forward_closure([bts]) & tail
+            if not any(_is_batch_norm(op) for op in after - {bts}):
+                tail -= after
+
+    @staticmethod
+    def _prune_leaves(layer, tail) -> None:
+        """Drops ops that end a tail without being a bias add or batch norm.
+
+        `conv -> Mean` (global pooling), `conv -> BiasAdd -> Squeeze ->
+        Identity` (a logits head) or `dense -> Reshape` leave the layer at
+        the last bias add or batch norm, not at the pooled, squeezed or
+        renamed tensor. A reshape back to the layer's rank stays: TF-Slim
+        normalises a dense layer as `Reshape(4-D) -> FusedBatchNorm ->
+        Reshape(2-D)`, and the 2-D tensor is the layer output.
+        """
+        rank = layer.outputs[0].shape.rank
+        changed = True
+        while changed:
+            changed = False
+            for op in list(tail):
+                if op is layer or qp.is_tail_end(op) or _restores_rank(op, rank):
+                    continue
+                if not any(c in tail for out in op.outputs for c in out.consumers()):
+                    tail.discard(op)
+                    changed = True

@@ -1,0 +1,149 @@
+"""TFLite's integer op requirements, declared as data for the quantize planner.
+
+The planner (`qat.quantize.plan`) decides, for every float tensor on the data
+path, whether it needs a range from the kind of the op that produces it and
+of the ops that read it. The kinds follow TFLite's 8-bit quantization spec
+(see docs/what_gets_a_range.md, whose op table lists these sets):
+
+* OWN_RANGE: integer kernels whose output has its own scale (ADD, SUB, MUL,
+  MEAN, SUM, CONCATENATION, LEAKY_RELU, SQUARED_DIFFERENCE, RSQRT (layer
+  norm's arithmetic), ...): the output
+  gets a range, every float data input must have one.
+* FUSABLE_ACTIVATIONS: activations TFLite fuses into the layer or the
+  ADD / SUB before them (RELU, RELU6). Fused only when the activation is the
+  sole reader of that output: the range then goes after the activation.
+  Otherwise the activation is an op of its own with its own output range.
+* FIXED_RANGE: LOGISTIC, TANH, SOFTMAX, LOG_SOFTMAX: the converter imposes
+  the output scale, so the output gets no learnt range.
+* SAME_SCALE: ops whose output shares the input's scale (pools, RESHAPE,
+  SQUEEZE, PAD, TRANSPOSE, SLICE, ...): never a range on their output, the
+  range belongs to the tensor they read.
+* Anything else on the data path has no integer kernel in this table and is
+  reported as left in float (`Planner.left_float`).
+
+Structures matched as a whole (patterns, in `qat.matching.matcher` style):
+
+* Activations written as several ops that the converter turns into one
+  integer op when nothing is quantized inside (HARD_SWISH, GELU): declared in
+  `qat.quantize.plan.activation_patterns`; only their output gets a range.
+* DROPOUT, `Select(random >= rate, x * scale, 0)`, and DROP_PATH,
+  `x / keep * floor(keep + random)` (stochastic depth): exist in training graphs
+  only; looked through (like a same-scale op) so that training and eval
+  graphs plan, and name, the same ranges.
+"""
+from typing import Optional, Set
+
+import tensorflow as tf
+
+from qat.matching.matcher import GraphMatcher, OpTypePattern
+
+OWN_RANGE_TYPES = frozenset([
+    "Add", "AddV2", "BiasAdd", "Sub", "Mul", "Mean", "Sum", "ConcatV2",
+    "Concat", "LeakyRelu", "SquaredDifference", "Relu", "Relu6",
+    "Maximum", "Minimum", "Rsqrt",
+    # A matmul of two activations (attention's scores and context), whose
+    # data inputs both need ranges; one with a weight operand is a layer.
+    "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+])
+
+# Reductions: a reduction to a scalar is loss arithmetic, not a model op.
+REDUCTION_TYPES = frozenset(["Mean", "Sum"])
+
+# Name kind of the range on an OWN_RANGE output (`<op scope>/<kind>`).
+RANGE_NAMES = {
+    "Add": "add_quant", "AddV2": "add_quant", "BiasAdd": "add_quant",
+    "Sub": "sub_quant", "Mul": "mul_quant", "Mean": "mean_quant",
+    "Sum": "sum_quant", "ConcatV2": "concat_quant", "Concat": "concat_quant",
+    "SquaredDifference": "squared_difference_quant",
+    "LeakyRelu": "leaky_relu_quant", "Rsqrt": "rsqrt_quant",
+    "BatchMatMul": "matmul_quant", "BatchMatMulV2": "matmul_quant",
+    "BatchMatMulV3": "matmul_quant", "Einsum": "einsum_quant",
+}
+DEFAULT_RANGE_NAME = "act_quant"
+
+FUSABLE_ACTIVATION_TYPES = frozenset(["Relu", "Relu6"])
+# Activations: an add reading one is named post_activation_bypass_quant.
+ACTIVATION_TYPES = frozenset(["Relu", "Relu6", "LeakyRelu"])
+
+# Producers TFLite fuses a RELU / RELU6 into (besides layers).
+FUSING_TYPES = frozenset(["Add", "AddV2", "Sub", "BiasAdd"])
+
+FIXED_RANGE_TYPES = frozenset(["Sigmoid", "Tanh", "Softmax", "LogSoftmax"])
+
+SAME_SCALE_TYPES = frozenset([
+    "Reshape", "Pad", "PadV2", "MirrorPad", "MaxPool", "AvgPool",
+    "SpaceToBatchND", "BatchToSpaceND", "Identity", "IdentityN", "Squeeze",
+    "ExpandDims", "Transpose", "StridedSlice", "Slice", "DepthToSpace",
+    "SpaceToDepth", "ResizeBilinear", "ResizeNearestNeighbor", "GatherV2",
+    "Split", "SplitV", "Unpack", "Tile",
+    "StopGradient", "PreventGradient",
+    # REDUCE_MAX / REDUCE_MIN (global max pooling): the input's scale.
+    "Max", "Min",
+])
+
+# Ops that run functions: what is inside is invisible to the planner.
+FUNCTIONAL_TYPES = frozenset([
+    "If", "StatelessIf", "While", "StatelessWhile", "PartitionedCall",
+    "StatefulPartitionedCall", "Case", "StatelessCase",
+])
+
+_RANDOM_PREFIXES = ("Random", "StatelessRandom", "TruncatedNormal",
+                    "StatelessTruncatedNormal", "Multinomial")
+
+
+DROPOUT = OpTypePattern("Select|SelectV2", name="dropout", inputs=[
+    OpTypePattern("GreaterEqual", name="keep_mask", inputs=["*", "*"]),
+    OpTypePattern("Mul|RealDiv", name="dropout_scale",
+                  inputs=[OpTypePattern("*", name="dropout_input"), "*"]),
+    "*"])
+_DROPOUT_MATCHER = GraphMatcher(DROPOUT)
+
+# Stochastic depth (drop path, tf_keras ConvNeXt's StochasticDepth):
+# (x / keep_prob) * floor(keep_prob + uniform), one draw per example.
+DROP_PATH = OpTypePattern("Mul", name="dropout", inputs=[
+    OpTypePattern("RealDiv|Mul", name="dropout_scale", inputs=[
+        OpTypePattern("*", name="dropout_input"), OpTypePattern("Const")]),
+    OpTypePattern("Floor", name="keep_mask")], ordered_inputs=False)
+_DROP_PATH_MATCHER = GraphMatcher(DROP_PATH)
+
+
+def _depends_on_random(t: tf.Tensor, depth: int = 6) -> bool:
+    frontier = [t.op]
+    for _ in range(depth):
+        nxt = []
+        for op in frontier:
+            if op.type.startswith(_RANDOM_PREFIXES):
+                return True
+            nxt.extend(i.op for i in op.inputs)
+        frontier = nxt
+    return False
+
+
+def dropout_ops(op: tf.Operation) -> Optional[Set[tf.Operation]]:
+    """The dropout ops ending at `op` (the Select and its scale), or None.
+
+    A Select keeping `x * scale` where a random mask is set is dropout, and
+    `x / keep_prob * floor(keep_prob + random)` stochastic depth: both exist
+    only in training graphs.
+    """
+    if op.type in ("Select", "SelectV2"):
+        match = _DROPOUT_MATCHER.match_op(op)
+    elif op.type == "Mul":
+        match = _DROP_PATH_MATCHER.match_op(op)
+    else:
+        return None
+    if match is None or not _depends_on_random(match.get_tensor("keep_mask")):
+        return None
+    scale = match.get_op("dropout_scale")
+    if len(scale.outputs[0].consumers()) != 1:
+        return None
+    return {op, scale}
+
+
+def same_scale_input(op: tf.Operation, index: int) -> int:
+    """Which input of a same-scale op output `index` takes its scale from."""
+    if op.type == "IdentityN":
+        return index
+    if op.type in ("Split",):
+        return 1
+    return 0

@@ -1,0 +1,282 @@
+"""Planning the quantize pass: which tensors get a range, named how.
+
+The plan is tensor-centric. `Planner` visits the data path in graph order and
+decides for every float tensor, from the op that produces it and the ops
+that read it (`qat.quantize.plan.op_table`, TFLite's integer op requirements),
+whether it needs a range. A tensor gets at most one quantizer, at its
+producer, and every consumer reads the quantized value: never a raw path
+beside a quantized one.
+
+* Layers (Conv2D, DepthwiseConv2dNative, MatMul, transposed conv): their
+  weights (`<ctx>/weights_quant`), their data input, and their output after
+  the tail (bias add, folded batch norm): `<ctx>/act_quant`, or
+  `<ctx>/conv_quant` when a residual add reads it. A RELU / RELU6 (or a
+  `tf.maximum(x, 0)`, `qat.quantize.plan.clamps`) that is the sole reader of a
+  layer, ADD or SUB output is fused by TFLite: the range goes after it
+  instead (`<ctx>/act_quant`).
+* OWN_RANGE ops (ADD, MUL, MEAN, CONCATENATION, LEAKY_RELU, an unfused RELU,
+  ...) whose float data inputs all have ranges: their output, named
+  `<op scope>/<kind>` (`add_quant`, `mul_quant`, `mean_quant`, ...;
+  `post_activation_bypass_quant` for an add reading an activation).
+* Activations written as several ops (hard-swish, GELU;
+  `qat.quantize.plan.activation_patterns`): their output only (`act_quant`), so
+  the converter makes each one integer HARD_SWISH / GELU op.
+* Same-scale ops (pools, reshapes, pads, ...) and training-only dropout get
+  no range of their own; fixed-range ops (LOGISTIC, TANH, SOFTMAX) a constant
+  one, their kernel's grid, where the model reads them
+  (`qat.quantize.plan.fixed_ranges`).
+* A tensor an integer op reads that has no range yet (a graph input, a
+  tensor from outside `scope`): `<scope of its first model reader>/input_quant`
+  (what feeds the model differs between its training and export graphs).
+* Loss arithmetic (`GraphView.loss_ops`, walked back from the scalars it
+  reduces to): no range, no warning.
+* Batch norms after no layer: `qat.quantize.emit.standalone_batch_norm`.
+* A concatenation and its inputs share one range; average pools and
+  bilinear resizes round to their input's range:
+  `qat.quantize.plan.shared_ranges`.
+
+Names derive from the producing op (for a tensor entering the model, from
+the model op that reads it), never from what only one of the graphs has:
+ops that exist only in training graphs (gradients, dropout, the loss) are
+looked through, so training and eval graphs plan the same names. What is left in float, and
+why, is listed in `Planner.left_float`.
+"""
+import collections
+import dataclasses
+from typing import Dict, List, Optional, Set, Tuple
+
+import tensorflow as tf
+
+from qat.engine import marks
+from qat.matching import standalone_batch_norms
+from qat.quantize.plan import control_flow
+from qat.quantize.plan import embeddings as plan_embeddings
+from qat.quantize.plan import entries
+from qat.quantize.plan import fixed_ranges
+from qat.quantize.plan import graph as plan_graph
+from qat.quantize.plan import op_table
+from qat.quantize.plan import patterns as qp
+from qat.quantize.plan import replication as replication_lib
+from qat.quantize.plan import rules
+from qat.quantize.plan import shared_ranges
+from qat.quantize.plan import structures as plan_structures
+from qat.quantize.plan import weights as plan_weights
+from qat.quantize.plan.graph import existing_quantizer
+from qat.quantize.plan.graph import is_quantized_output
+
+_is_float = plan_graph.is_float
+
+
+@dataclasses.dataclass
+class Plan:
+    tensor: tf.Tensor
+    prefix: str
+    is_weight: bool
+    init_min: float
+    consumers: List[tf.Operation]  # Ops whose inputs are rerouted.
+    per_channel: bool = False
+    # Weights of a depthwise conv (read directly, or through the training
+    # fold's unscale Mul): per channel means per `in * multiplier`.
+    depthwise: bool = False
+    # Layer ops reading the same weights through another read of the same
+    # resource variable: their input 1 is set to the quantized weights.
+    weight_sharers: List[tf.Operation] = dataclasses.field(default_factory=list)
+    # Shared ranges (`qat.quantize.plan.shared_ranges`): the plan whose range this
+    # one reads (no variables of its own); as that plan's FakeQuant reads it,
+    # or, for a member of a concatenation's group, as before the update.
+    shared: Optional["Plan"] = None
+    before_update: bool = False
+    # A group's own plan: the other members, whose statistics join its own.
+    members: List[tf.Tensor] = dataclasses.field(default_factory=list)
+    earlier: Optional[tuple] = None  # An earlier call's range (`qat.distribute.replica_stats`).
+    # A constant range, TFLite's fixed output grid (`qat.quantize.plan.fixed_ranges`).
+    fixed: Optional[Tuple[float, float]] = None
+
+
+class Planner(rules.RangeRules, entries.EntryPlanning,
+              plan_structures.StructurePlanning, plan_weights.WeightPlanning,
+              plan_embeddings.EmbeddingPlanning, plan_graph.GraphView):
+    """Plans the quantizers of one graph without changing it.
+
+    `replication` (`qat.quantize.plan.replication`): how replicas of the
+    model in the graph share ranges; by default there are none.
+    """
+
+    def __init__(self, graph, is_training, scope, per_channel,
+                 per_channel_matmul=None,
+                 replication: replication_lib.Replication = replication_lib.SINGLE_MODEL):
+        super().__init__(graph)
+        self.replication = replication
+        self.is_training = is_training
+        self.scope = scope
+        self.per_channel = per_channel
+        # Matmul weights per channel too (default: as `per_channel`).
+        self.per_channel_matmul = (per_channel if per_channel_matmul is None
+                                   else per_channel_matmul)
+        self.plans: "collections.OrderedDict[tf.Tensor, Plan]" = (
+            collections.OrderedDict())
+        self.prefixes: Set[str] = set()
+        self.weight_plans: Dict[object, Plan] = {}
+        self.standalone_bns: List[tf.Operation] = []
+        # (tensor or op name, reason) for what the plan leaves in float.
+        self.left_float: List[Tuple[str, str]] = []
+        self._left: Set[str] = set()
+        self.tails: Dict[tf.Operation, Set[tf.Operation]] = {}
+        self.outputs: Dict[tf.Operation, Optional[tf.Tensor]] = {}
+        self.tail_ops: Set[tf.Operation] = set()
+        self.fused: Set[tf.Operation] = set()       # activations fused before
+        # Inside an activation written as several ops (hard-swish, GELU).
+        self.interior: Set[tf.Operation] = set()
+        # Output op of such an activation -> its input.
+        self.whole_activations: Dict[tf.Operation, tf.Tensor] = {}
+        self.looked_through: Dict[tf.Operation, tf.Tensor] = {}  # dropout
+        # Ops visited before their inputs had ranges (`_revisit_deferred`).
+        self._deferred: List[tf.Operation] = []
+        self._same_scale_ops: Dict[tf.Operation, bool] = {}
+
+    # --- Helpers ------------------------------------------------------------
+
+    def _in_scope(self, op: tf.Operation) -> bool:
+        return not self.scope or op.name.startswith(self.scope)
+
+    def _leave(self, name: str, reason: str) -> None:
+        if name not in self._left:
+            self._left.add(name)
+            self.left_float.append((name, reason))
+
+    def _unique_prefix(self, prefix: str) -> str:
+        candidate, i = prefix, 0
+        # Unique within this plan; QuantizerBatch makes it free in the graph.
+        while candidate in self.prefixes:
+            i += 1
+            candidate = "%s_%d" % (prefix, i)
+        self.prefixes.add(candidate)
+        return candidate
+
+    def _has_range(self, t: tf.Tensor) -> bool:
+        return (t in self.plans or is_quantized_output(t)
+                or existing_quantizer(t)[0] is not None)
+
+    def _plan(self, t: tf.Tensor, ctx: str, kind: str, init_min: float,
+              consumers: List[tf.Operation], is_weight: bool = False,
+              per_channel: bool = False, allow_unused: bool = False) -> bool:
+        if self._has_range(t) or not _is_float(t):
+            return False
+        if not consumers and not allow_unused:
+            return False
+        self.plans[t] = Plan(t, self._unique_prefix(plan_graph.join(ctx, kind)),
+                              is_weight, init_min, consumers, per_channel)
+        return True
+
+    def visit(self, op: tf.Operation) -> None:
+        if (op in self.tail_ops and op not in self.tails) or op in self.fused \
+                or op in self.interior or op in self.looked_through:
+            return
+        if op in self.tails:
+            self.visit_layer(op)
+            return
+        if not self._in_scope(op) or not op.outputs:
+            return
+        if op in self.loss:
+            return  # Loss arithmetic: no reader needs a range.
+        if marks.made_by_qat(op, marks.QUANTIZER, marks.QUANTIZER_OUTPUT):
+            return  # An earlier call's quantizer (a second call): never a float layer.
+        if marks.is_replaced(op):
+            return  # Unconnected: a rewrite moved its consumers.
+        if (op.type in qp.BATCH_NORM_TYPES
+                or (op.type in op_table.FUNCTIONAL_TYPES
+                    and standalone_batch_norms.is_batch_norm_cond(
+                        op, self.function_library()))):
+            self.plan_standalone_batch_norm(op)
+        elif op in self.whole_activations:
+            self.visit_whole_activation(op, self.whole_activations[op])
+        elif self._same_scale(op) and op.type not in op_table.SAME_SCALE_TYPES:
+            return  # The converter removes it (`converter_rewrites`).
+        elif op.type in op_table.OWN_RANGE_TYPES:
+            self.visit_own_range(op)
+        elif self._is_constant_division(op):
+            self.visit_constant_division(op)
+        elif op.type in op_table.FIXED_RANGE_TYPES:
+            fixed_ranges.plan(self, op)
+        elif (op.type in op_table.SAME_SCALE_TYPES
+              or op.type in op_table.FIXED_RANGE_TYPES
+              or op.type in qp.METADATA_TYPES):  # Read shapes, not values.
+            return
+        elif any(self._is_ranged(i) for i in op.inputs if self.is_data(i)
+                 and _is_float(i)):
+            if op.type in op_table.FUNCTIONAL_TYPES:
+                reason = "functional control flow (%s): not visible" % op.type
+            else:
+                reason = "%s has no integer TFLite kernel in qat's table" % op.type
+            self._leave(op.name, reason)
+
+    # --- Driver -------------------------------------------------------------
+
+    def _belongs_to_model(self, op: tf.Operation) -> bool:
+        """Ops that end a model wherever they are (see `loss_ops`)."""
+        return (op in self.tail_ops or op in self.whole_activations
+                or op.type in op_table.ACTIVATION_TYPES
+                or op.type in op_table.FIXED_RANGE_TYPES
+                or op.type in op_table.SAME_SCALE_TYPES
+                or op.type in qp.INPUT_TYPES)
+
+    def run(self) -> List[Plan]:
+        for layer in self.gradient_layers:
+            self._leave(layer.name, "gradient op")
+        layers = [op for op in self.layers if self._in_scope(op)]
+        for layer in layers:
+            self.plan_weights(layer)
+        self.plan_embeddings()
+        ordered = sorted(self.data_ops, key=lambda o: o._id)  # pylint: disable=protected-access
+        self._find_structures(ordered)
+        for layer in self.layers:
+            tail, out = self.walk_tail(layer, stop=self.interior)
+            self.tails[layer], self.outputs[layer] = tail, out
+            self.tail_ops |= tail
+        self.loss = self.loss_ops(self._belongs_to_model)
+        for op in ordered:
+            self.visit(op)
+        self._revisit_deferred()
+        shared_ranges.plan(self, ordered)
+        return self.replication.share(self, list(self.plans.values()))
+
+
+@dataclasses.dataclass
+class PlannedGraph:
+    """The planner's decisions for one graph, what the emitter builds from.
+
+    Attributes:
+      plans: every quantizer to build, in planning order.
+      left_float: (tensor or op name, reason) for what stays float: the
+        planner's, then the layers inside functional control flow.
+      standalone_bns: batch norms after no layer (eval graphs give them a
+        depthwise form, `qat.quantize.emit.standalone_batch_norm`).
+    """
+    plans: List[Plan]
+    left_float: List[Tuple[str, str]]
+    standalone_bns: List[tf.Operation]
+
+
+def plan_quantizers(graph: tf.Graph, config,
+                    replication: replication_lib.Replication = replication_lib.SINGLE_MODEL
+                    ) -> PlannedGraph:
+    """Plans the quantize pass on a prepared graph, without changing it.
+
+    Args:
+      graph: the graph (after `qat.prepare` and the fold).
+      config: the pass's validated `qat.engine.config.RewriteConfig`.
+      replication: how replicas in the graph share ranges.
+    """
+    planner = Planner(graph, config.is_training, config.scope,
+                      config.conv_weights_per_channel(),
+                      per_channel_matmul=config.matmul_weights_per_channel(),
+                      replication=replication)
+    plans = planner.run()
+    left_float = list(planner.left_float)
+    # Layers inside functional control flow (If / While bodies, functions
+    # called from the graph) are not rewritten: each is named.
+    left_float += [(f"{layer.function}/{layer.layer}", layer.describe())
+                   for layer in control_flow.find_function_layers(graph)
+                   if not config.scope or layer.call_op.startswith(config.scope)]
+    return PlannedGraph(plans=plans, left_float=left_float,
+                        standalone_bns=list(planner.standalone_bns))

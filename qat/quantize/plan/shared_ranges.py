@@ -1,0 +1,235 @@
+"""Shared ranges: where TFLite imposes one scale, the eval graph uses one range.
+
+Why this module exists: the eval graph must round where TFLite rounds, with
+the scale TFLite uses, or TFLite and the eval graph disagree by more than a
+step (issue #21: InceptionV3 and DenseNet121 differed by tens of steps at
+single layers next to a concatenation). Two places where TFLite decides the scale:
+
+* CONCATENATION keeps one scale for its inputs and its output. The
+  converter gives every input the concatenation's scale: an input with a
+  range of its own is requantized (int8), an input with none (a pool's
+  output) takes the concatenation's scale, and every other reader of that
+  tensor reads the requantized values. So a concatenation and the tensors it
+  reads form one group with one range, as PyTorch's quantizer shares one
+  observer across `cat`. Each member tensor is quantized once, at its
+  source (back through same-scale ops such as max pools and reshapes, as
+  `Planner._source` finds it), and all its readers read that value: the
+  no-raw-reader invariant holds. A concatenation reading another's output
+  (DenseNet's dense blocks), and two concatenations reading one tensor
+  (whose one quantized value both read), join one group (union-find).
+* AVERAGE_POOL_2D and RESIZE_BILINEAR output the input's scale and round to
+  it, where the eval graph kept the exact value: their output gets a
+  FakeQuant reading the input's range, with no variables of its own.
+  Nearest-neighbour resizes, max pools and reshapes copy values already on
+  the grid and need nothing. An average pool or resize whose output a
+  concatenation reads is a member of its group instead: TFLite then runs it
+  in the concatenation's scale (its input requantized), and a second
+  FakeQuant on that tensor would not convert ("same scale constraint").
+  A bilinear resize in a group goes further: the converter requantizes its
+  input to the group's scale, and when the resize is the only reader of the
+  tensor it reads (through same-scale ops), it merges that requantize into
+  the op computing the tensor (DeepLab's image pooling: the conv before the
+  resize gets the concatenation's scale). That tensor is then a member of
+  the group too; with other readers it keeps its own range and TFLite adds
+  a QUANTIZE before the resize.
+  A pool that is the identity (`converter_rewrites.is_identity_pool`) is
+  not rounded. A reduction over axes of size 1 gets a FakeQuant reading
+  its input's range (`plan_identity_rounding`); where a concatenation reads
+  it, the range it reads joins the group (the converter removes the
+  reduction, so the concatenation reads that range's tensor).
+  An average pool that reads its range through a max pool (InceptionV3's
+  first mixed block) is not rounded: there the converter left the max
+  pool's other readers in float. A Mean has a range of its own (MEAN is an
+  OWN_RANGE op); the converter keeps it a MEAN whose kernel rounds to that
+  range, so it needs nothing here either.
+
+The group's range: one pair of variables, named after the group's last
+concatenation in graph order (`<concat scope>/concat_quant/min|max`), so
+training and eval graphs name the same variables and checkpoints restore
+strictly. Its statistics (training) are the batch min and max over every
+member. Every other member keeps its own quantizer name (`<layer>/act_quant`,
+...), reading the group's variables.
+
+The training-graph cycle: in DenseNet a member (the output of a conv inside
+the block) is computed from an earlier member's quantized value, so a
+member's FakeQuant cannot read the range as updated from all the members'
+statistics of this step. Members therefore read the variables as they were
+before this step's update (the snapshot the moving average itself reads),
+and only the last concatenation's FakeQuant reads the updated range: it is
+the member latest in graph order, so no member depends on it and the update
+depends on no quantized value that depends on the update. The ranges the
+members use lag one step behind in training; eval graphs read the variables
+everywhere, identically. A pool's rounding reads its input's range exactly as
+the input's FakeQuant reads it.
+
+Not grouped: concatenation inputs with no range planned in this call (a
+FakeQuant the user or an earlier call built, a fixed-range op's output such
+as a sigmoid's), which keep their own scale.
+"""
+from typing import Dict, List
+
+import tensorflow as tf
+
+from qat.quantize.plan import clamps
+from qat.quantize.plan import converter_rewrites
+from qat.quantize.plan import op_table
+from qat.quantize.plan import patterns as qp
+from qat.quantize.plan import graph as plan_graph
+
+CONCAT_TYPES = frozenset(["ConcatV2", "Concat"])
+# Ops TFLite runs with their input's scale and a rounded output.
+ROUNDING_TYPES = frozenset(["AvgPool", "ResizeBilinear"])
+_ROUNDING_NAMES = {"AvgPool": "avg_pool_quant", "ResizeBilinear": "resize_quant"}
+
+
+def plan(planner, ordered: List[tf.Operation]) -> None:
+    """After the planner's visits: roundings first, then the groups.
+
+    `ordered`: the data ops in graph order. Roundings are planned once every
+    other range is, so a pool whose input gets its range from a later
+    reader (a graph input) is rounded too.
+    """
+    for op in ordered:
+        if op.type in ROUNDING_TYPES and planner._in_scope(op):  # pylint: disable=protected-access
+            plan_rounding(planner, op)
+        elif ((converter_rewrites.is_size_one_reduction(op)
+               or clamps.is_same_scale_clamp(op, planner.is_data))
+              and planner._in_scope(op)):  # pylint: disable=protected-access
+            plan_identity_rounding(planner, op)
+    share_concat_ranges(planner, ordered)
+
+
+def plan_rounding(planner, op: tf.Operation) -> None:
+    """A FakeQuant on `op`'s output reading its input's range."""
+    if (not planner.is_data(op.inputs[0]) or not plan_graph.is_float(op.outputs[0])
+            or converter_rewrites.is_identity_pool(op)):
+        return
+    source = planner.plans.get(op.inputs[0])
+    if source is None or source.is_weight:
+        # A range planned by no one here (an earlier call's), or one that
+        # reaches the pool through same-scale ops: there the converter leaves
+        # the other readers of the pool's input in float (a max pool read by
+        # InceptionV3's branches), so the pool stays unrounded, as before.
+        return
+    out = op.outputs[0]
+    if planner._plan(out, plan_graph.own_context(op), _ROUNDING_NAMES[op.type],  # pylint: disable=protected-access
+                     source.init_min, planner.consumers(out), allow_unused=True):
+        planner.plans[out].shared = source
+
+
+def plan_identity_rounding(planner, op: tf.Operation) -> None:
+    """A reduction over size-1 axes: a FakeQuant with its input's range.
+
+    The converter removes it or keeps it (a MEAN after a REDUCE_MAX over
+    the same 1x1 map stays): either way its output has its input's scale,
+    which this FakeQuant states, so TFLite's op is integer when kept.
+    """
+    if not planner.is_data(op.inputs[0]) or not plan_graph.is_float(op.outputs[0]):
+        return
+    source = planner.plans.get(planner._source(op.inputs[0]))  # pylint: disable=protected-access
+    if source is None or source.is_weight or source.per_channel:
+        return
+    out = op.outputs[0]
+    if planner._plan(out, plan_graph.own_context(op), "identity_quant",  # pylint: disable=protected-access
+                     source.init_min, planner.consumers(out), allow_unused=True):
+        planner.plans[out].shared = source
+
+
+def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
+    """Groups each planned concatenation with its inputs' sources (see above)."""
+    parent: Dict[tf.Tensor, tf.Tensor] = {}
+
+    def find(t):
+        while parent[t] is not t:
+            parent[t] = parent[parent[t]]
+            t = parent[t]
+        return t
+
+    concats = []
+    for op in ordered:
+        out = op.outputs[0] if op.outputs else None
+        if op.type not in CONCAT_TYPES or out not in planner.plans:
+            continue
+        concats.append(out)
+        parent.setdefault(out, out)
+        for i in op.inputs:
+            if not planner.is_data(i):
+                continue
+            source = planner._source(i)  # pylint: disable=protected-access
+            plan = planner.plans.get(source)
+            if plan is None or plan.is_weight or plan.per_channel:
+                continue
+            parent.setdefault(source, source)
+            parent[find(source)] = find(out)
+            for upstream in _removed_reduction_sources(planner, source):
+                parent.setdefault(upstream, upstream)
+                parent[find(upstream)] = find(out)
+            merged = _merged_resize_input(planner, source)
+            if merged is not None:
+                parent.setdefault(merged, merged)
+                parent[find(merged)] = find(out)
+    groups: Dict[tf.Tensor, List[tf.Tensor]] = {}
+    for t in parent:
+        groups.setdefault(find(t), []).append(t)
+    position = {t: k for k, t in enumerate(concats)}
+    for members in groups.values():
+        # The last concatenation in graph order owns the range.
+        owner = max((t for t in members if t in position), key=position.get)
+        owner_plan = planner.plans[owner]
+        for t in sorted(members, key=lambda t: (t.op._id, t.value_index)):  # pylint: disable=protected-access
+            if t is owner:
+                continue
+            plan = planner.plans[t]
+            # A rounding (an average pool's output) reads the group's range instead.
+            plan.shared, plan.before_update = owner_plan, True
+            owner_plan.members.append(t)
+
+
+def _removed_reduction_sources(planner, member: tf.Tensor) -> List[tf.Tensor]:
+    """The ranges a member that is a reduction over size-1 axes reads by construction.
+
+    Its FakeQuant (`plan_identity_rounding`) reads its input's source range;
+    the converter removes the reduction, so the concatenation reads that
+    source's tensor in TFLite: the source joins the group (and so on up a
+    chain of such reductions), or TFLite sees two scales ("same scale
+    constraint").
+    """
+    found = []
+    t = member
+    for _ in range(10000):
+        op = t.op
+        if (not converter_rewrites.is_size_one_reduction(op)
+                or not planner.is_data(op.inputs[0])):
+            break
+        t = planner._source(op.inputs[0])  # pylint: disable=protected-access
+        plan = planner.plans.get(t)
+        if plan is None or plan.is_weight or plan.per_channel:
+            break
+        found.append(t)
+    return found
+
+
+def _merged_resize_input(planner, member: tf.Tensor):
+    """The tensor a grouped bilinear resize reads, where the converter merges
+    the requantize to the group's scale into the op computing it; else None."""
+    op = member.op
+    if op.type != "ResizeBilinear" or not planner.is_data(op.inputs[0]):
+        return None
+    source = planner._source(op.inputs[0])  # pylint: disable=protected-access
+    plan = planner.plans.get(source)
+    if (plan is None or plan.is_weight or plan.per_channel
+            or source.op.type in qp.INPUT_TYPES or source.op.type in CONCAT_TYPES):
+        return None  # Not measured: a graph input's or a concatenation's scale.
+    # Only the resize reads it (through the same-scale ops between them).
+    t = op.inputs[0]
+    for _ in range(10000):
+        if t is source:
+            break
+        if len(planner.readers(t)) != 1:
+            return None
+        t = t.op.inputs[op_table.same_scale_input(t.op, t.value_index)]
+        if not planner.is_data(t):
+            return None
+    else:
+        return None
+    return source if len(planner.readers(source)) == 1 else None

@@ -1,0 +1,416 @@
+"""The layout of qat/ (docs/architecture.md, "Layout"), checked from the code.
+
+Rooms. Every module of qat/ belongs to one room (`ROOMS`: packages and the
+modules below them, or single modules). The rooms are ranked in the order a
+graph passes through them, the ground first:
+
+  0 graph_editor, 1 engine, 2 matching   the ground: what every stage uses
+  3 prepare      graph normalisations every later pass relies on
+  4 fold         batch norms folded into their layers
+  5 plan         the quantize pass's decisions (qat.quantize.plan)
+  6 emit         the quantizers built from a plan (qat.quantize.emit)
+  7 distribute   replicas and workers share ranges (fills the plan's hook)
+  8 api          the graph frontend: wires prepare -> fold -> plan -> emit
+  9 tflite       reading what qat built and the converter's names
+  10 export, 11 report
+  12 frontends and faces: compat, clients, tf2 (coming), the package face qat
+
+Imports (every `import` and `from ... import` in a module, at any depth,
+function-level ones included; an import names the module it imports, or for
+`from package import name` the submodule `name` when there is one):
+
+  * a module may import modules of its own room and of rooms ranked below,
+    never of a room ranked above ("an arrow back up"); rooms of one rank (the
+    frontends) may import each other;
+  * no two modules import each other, directly or through others (no cycle);
+  * no module of qat/ is over 400 lines.
+
+The walk. `experimental_create_training_graph` runs on a small conv + batch
+norm + ReLU network with a loss while `sys.setprofile` records every call
+into a qat function that passes the graph: a `tf.Graph`, an op or tensor, or
+a list, tuple, set, dict or object (its instance attributes, one level) that
+holds one, as an argument (`self` included). The pipeline stages are ranked
+prepare < fold < plan < emit < distribute. A call is made *from* the stage of
+the innermost calling frame that is in a stage or in api (frames of the
+ground, of TensorFlow and of this test are passed over), and goes *to* the
+stage of the called function.
+
+A climb is such a call (never a return) that goes back to an earlier stage:
+
+  * from a stage S to a stage ranked below S (fold calling prepare, emit
+    calling plan, distribute calling plan); or
+  * from api, to a stage ranked below the highest stage api has already
+    handed the graph to (api running the stages out of order).
+
+Calls into the ground, calls within a room and calls from a lower stage up
+into a higher one (the planner calling the hook distribute fills) are not
+climbs. Each climbing call site (calling function, called function) counts
+once, however often it runs. `MAX_CLIMBS` bounds the count.
+"""
+import ast
+import collections
+import os
+import sys
+import types
+from typing import Dict, List, Optional, Set, Tuple
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+from absl.testing import absltest  # pylint: disable=g-import-not-at-top
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+QAT_DIR = os.path.join(ROOT, "qat")
+MAX_LINES = 400
+MAX_CLIMBS = 3
+
+# (room, rank, packages: these and every module below them, modules: just these).
+ROOMS = [
+    ("graph_editor", 0, ["qat.graph_editor"], []),
+    ("engine", 1, ["qat.engine"], []),
+    ("matching", 2, ["qat.matching"], []),
+    ("prepare", 3, ["qat.prepare"], []),
+    ("fold", 4, ["qat.fold"], []),
+    # qat.quantize's own __init__ and the old path of control_flow belong to plan.
+    ("plan", 5, ["qat.quantize.plan"], ["qat.quantize", "qat.quantize.control_flow"]),
+    ("emit", 6, ["qat.quantize.emit"], []),
+    ("distribute", 7, ["qat.distribute"], []),
+    ("api", 8, [], ["qat.api"]),
+    ("tflite", 9, ["qat.tflite"], []),
+    ("export", 10, ["qat.export"], []),
+    ("report", 11, ["qat.report"], []),
+    # Old paths of qat.compat's modules, kept for one release, are compat's.
+    ("compat", 12, ["qat.compat"], ["qat.compat_hparams", "qat.compat_tf1"]),
+    ("clients", 12, ["qat.clients"], []),
+    ("tf2", 12, ["qat.tf2"], []),
+    ("face", 12, [], ["qat"]),
+]
+RANK = {room: rank for room, rank, _, _ in ROOMS}
+# The stages a graph passes through, in order (the walk's rooms).
+STAGES = ("prepare", "fold", "plan", "emit", "distribute")
+
+
+def room_of(module: str) -> Optional[str]:
+    """The room a qat module belongs to (None: none declared)."""
+    best, best_len = None, -1
+    for room, _, packages, modules in ROOMS:
+        for name in modules:
+            if module == name and len(name) > best_len:
+                best, best_len = room, len(name)
+        for name in packages:
+            if (module == name or module.startswith(name + ".")) and len(name) > best_len:
+                best, best_len = room, len(name)
+    return best
+
+
+def qat_modules() -> Dict[str, str]:
+    """{module name: file} for every .py file under qat/."""
+    found = {}
+    for dirpath, _, files in os.walk(QAT_DIR):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, name)
+            module = os.path.relpath(path, ROOT)[:-len(".py")].replace(os.sep, ".")
+            if module.endswith(".__init__"):
+                module = module[:-len(".__init__")]
+            found[module] = path
+    return found
+
+
+def imports_of(module: str, path: str, modules) -> Set[str]:
+    """The qat modules `module` imports, at any depth of its code."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+
+    def nearest(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(nearest(a.name) for a in node.names if a.name.split(".")[0] == "qat")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                source = base + ("." + node.module if node.module else "")
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "qat":
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                found.add(submodule if submodule in modules else nearest(source))
+    found.discard(module)
+    found.discard("")
+    return found
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    modules = qat_modules()
+    return {m: imports_of(m, p, modules) for m, p in modules.items()}
+
+
+def upward_imports(graph: Dict[str, Set[str]]) -> List[str]:
+    """'a (room, rank) -> b (room, rank)' for each import of a higher room."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        for other in sorted(imported):
+            low, high = room_of(module), room_of(other)
+            if low is None or high is None:
+                continue  # Reported by the room check.
+            if RANK[high] > RANK[low]:
+                found.append(f"{module} ({low}, {RANK[low]}) -> {other} ({high}, {RANK[high]})")
+    return found
+
+
+def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """The import cycles: strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+class ImportLayoutTest(absltest.TestCase):
+    """The import graph drawn from the code, held to the room order."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.graph = import_graph()
+
+    def test_every_module_belongs_to_a_room(self):
+        self.assertEqual([m for m in sorted(self.graph) if room_of(m) is None], [])
+
+    def test_every_declared_room_has_a_place(self):
+        # tf2 is the coming frontend: declared, not there yet.
+        present = {room_of(m) for m in self.graph}
+        self.assertEqual(sorted(set(RANK) - present - {"tf2"}), [])
+
+    def test_no_import_runs_back_up(self):
+        self.assertEqual(upward_imports(self.graph), [])
+
+    def test_no_import_cycle(self):
+        self.assertEqual(cycles(self.graph), [])
+
+    def test_no_module_over_400_lines(self):
+        long = []
+        for module, path in sorted(qat_modules().items()):
+            with open(path, encoding="utf-8") as f:
+                count = sum(1 for _ in f)
+            if count > MAX_LINES:
+                long.append(f"{module}: {count} lines")
+        self.assertEqual(long, [])
+
+    def test_every_package_has_an_init(self):
+        # setuptools (`pip install .`) installs only directories with an __init__.py.
+        missing = [os.path.relpath(d, ROOT) for d, _, files in os.walk(QAT_DIR)
+                   if any(f.endswith(".py") for f in files) and "__init__.py" not in files]
+        self.assertEqual(missing, [])
+
+    def test_the_checks_can_fail(self):
+        # An arrow back up, a cycle, and modules of no room are caught.
+        made_up = {"qat.prepare.x": {"qat.fold.y"}, "qat.fold.y": {"qat.prepare.x"}}
+        self.assertLen(upward_imports(made_up), 1)
+        self.assertEqual(cycles(made_up), [["qat.fold.y", "qat.prepare.x"]])
+        self.assertIsNone(room_of("qat.quantize.new_module"))
+        self.assertIsNone(room_of("qat.stray"))
+        self.assertEqual(room_of("qat.quantize.plan.rules"), "plan")
+        self.assertEqual(room_of("qat.quantize"), "plan")
+
+    def test_old_paths_give_the_moved_modules(self):
+        # docs/architecture.md, "Old paths, kept for one release".
+        import importlib  # pylint: disable=g-import-not-at-top
+        import warnings  # pylint: disable=g-import-not-at-top
+        old_paths = {"qat.compat_hparams": "qat.compat.hparams",
+                     "qat.compat_tf1": "qat.compat.tf1",
+                     "qat.quantize.control_flow": "qat.quantize.plan.control_flow"}
+        for old, new in old_paths.items():
+            sys.modules.pop(old, None)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                module = importlib.import_module(old)
+            self.assertIs(module, importlib.import_module(new))
+            self.assertTrue(any(issubclass(w.category, DeprecationWarning) for w in caught), old)
+
+    def test_function_level_imports_count(self):
+        modules = {"qat.report.x": "", "qat.api": ""}
+        path = os.path.join(absltest.get_default_test_tmpdir(), "lazy.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("def f():\n    from qat import api\n    return api\n")
+        self.assertEqual(imports_of("qat.report.x", path, modules), {"qat.api"})
+
+
+# --- The walk ---------------------------------------------------------------
+
+
+def _carries_graph(value, depth: int = 2) -> bool:
+    """Whether `value` is, or holds, a graph, an op or a tensor (see the docstring)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if isinstance(value, (tf.Graph, tf.Operation, tf.Tensor)):
+        return True
+    if depth == 0 or isinstance(value, (str, bytes, int, float, bool, type(None), type,
+                                        types.ModuleType, types.FunctionType)):
+        return False
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_carries_graph(v, depth - 1) for v in list(value)[:20])
+    if isinstance(value, dict):
+        items = list(value.items())[:20]
+        return any(_carries_graph(k, depth - 1) or _carries_graph(v, depth - 1) for k, v in items)
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict):  # Instance attributes only: no property runs.
+        return any(_carries_graph(v, depth - 1) for v in list(attributes.values())[:40])
+    return False
+
+
+class Walk(object):
+    """Records the graph-carrying calls between rooms (see the module docstring)."""
+
+    def __init__(self):
+        self.transitions: "collections.OrderedDict[tuple, int]" = collections.OrderedDict()
+        self.climbs: "collections.OrderedDict[tuple, str]" = collections.OrderedDict()
+        self.rooms: Set[str] = set()
+        self._api_reached = 0  # The highest stage api has handed the graph to (rank).
+
+    @staticmethod
+    def _where(frame) -> Tuple[Optional[str], str]:
+        module = frame.f_globals.get("__name__", "") if frame is not None else ""
+        return (room_of(module) if module.split(".")[0] == "qat" else None), module
+
+    def profile(self, frame, event, arg):  # pylint: disable=unused-argument
+        if event != "call":
+            return
+        callee_room, callee_module = self._where(frame)
+        if callee_room is None:
+            return
+        # The stage (or api) the call comes from: the innermost such calling frame.
+        caller, from_room, from_frame = frame.f_back, None, None
+        direct_room, _ = self._where(caller)
+        while caller is not None:
+            room, _ = self._where(caller)
+            if room in STAGES or room == "api":
+                from_room, from_frame = room, caller
+                break
+            caller = caller.f_back
+        if direct_room == callee_room:
+            return  # Within a room.
+        code = frame.f_code
+        argument_names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount
+                                          + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)]
+        if not any(_carries_graph(frame.f_locals.get(n)) for n in argument_names):
+            return
+        callee = f"{callee_module}.{code.co_name}"
+        origin = (f"{from_frame.f_globals['__name__']}.{from_frame.f_code.co_name}"
+                  if from_frame is not None else "(caller)")
+        self.rooms.update(r for r in (direct_room, callee_room) if r)
+        key = (direct_room or "-", callee_room, origin, callee)
+        self.transitions[key] = self.transitions.get(key, 0) + 1
+        if callee_room not in STAGES or from_room is None or from_room == callee_room:
+            return
+        rank = RANK[callee_room]
+        if from_room == "api":
+            climbed = rank < self._api_reached
+            self._api_reached = max(self._api_reached, rank)
+        else:
+            climbed = rank < RANK[from_room]
+        if climbed and (origin, callee) not in self.climbs:
+            self.climbs[(origin, callee)] = f"{from_room} -> {callee_room}: {origin} -> {callee}"
+
+    def format(self) -> str:
+        lines = [f"walk: {len(self.transitions)} distinct calls between rooms, "
+                 f"{len(self.rooms)} rooms, {len(self.climbs)} climbs"]
+        for (src, dst, origin, callee), count in self.transitions.items():
+            climb = "  CLIMB" if (origin, callee) in self.climbs else ""
+            lines.append(f"  {src:>12} -> {dst:<12} {callee} (from {origin}) x{count}{climb}")
+        return "\n".join(lines)
+
+
+def _network():
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        images = tf1.placeholder(tf.float32, [None, 8, 8, 3], name="images")
+        net = tf1.layers.conv2d(images, 4, 3, use_bias=False, name="conv")
+        net = tf.nn.relu(tf1.layers.batch_normalization(net, training=True, name="conv/bn"))
+        logits = tf1.layers.dense(tf1.layers.flatten(net), 2, name="logits")
+        tf.reduce_mean(tf.square(logits), name="loss")
+    return graph
+
+
+def walk_training_rewrite() -> Walk:
+    """The walk of `experimental_create_training_graph` on `_network()`."""
+    import qat  # pylint: disable=g-import-not-at-top
+    graph = _network()
+    walk = Walk()
+    sys.setprofile(walk.profile)
+    try:
+        qat.experimental_create_training_graph(graph, symmetric_weights=True)
+    finally:
+        sys.setprofile(None)
+    return walk
+
+
+class WalkTest(absltest.TestCase):
+    """Following input_graph from experimental_create_training_graph."""
+
+    def test_the_walk_climbs_back_at_most_three_times(self):
+        walk = walk_training_rewrite()
+        print(walk.format())
+        self.assertIn("prepare", walk.rooms)
+        self.assertIn("emit", walk.rooms)
+        self.assertLessEqual(len(walk.climbs), MAX_CLIMBS, walk.format())
+
+    def test_a_climb_is_counted(self):
+        # Put back the fold's old call of the layer-call inlining (fold -> prepare)
+        # with a function living in the fold module: the walk counts one climb more.
+        from qat.fold import fold_batch_norms as fold_lib  # pylint: disable=g-import-not-at-top
+        original = fold_lib.fold_graph
+        namespace = dict(vars(fold_lib), _original=original)
+        exec("def fold_graph(graph, config, use_cond=False):\n"  # pylint: disable=exec-used
+             "    from qat.prepare import layer_calls\n"
+             "    layer_calls.inline_layer_calls(graph)\n"
+             "    return _original(graph, config, use_cond)\n", namespace)
+        baseline = walk_training_rewrite()
+        fold_lib.fold_graph = namespace["fold_graph"]
+        try:
+            changed = walk_training_rewrite()
+        finally:
+            fold_lib.fold_graph = original
+        self.assertLen(changed.climbs, len(baseline.climbs) + 1, changed.format())
+        self.assertIn("fold -> prepare", "\n".join(changed.climbs.values()))
+
+
+if __name__ == "__main__":
+    absltest.main()

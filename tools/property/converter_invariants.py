@@ -1,0 +1,188 @@
+"""The converter-in-the-loop invariants: the eval graph is the integer model.
+
+`check_network(net)` takes a `tools.property.converter_networks.ConvNet` the way a
+user would: the training graph is built and rewritten
+(`experimental_create_training_graph(symmetric_weights=True)`), trained a
+few steps (activation ranges and batch-norm statistics from the batches),
+saved; the eval graph is built separately, rewritten and restored with a
+plain, strict `Saver()`; it is frozen and converted by TensorFlow's own
+converter (`TFLiteConverter.from_session`, `qat.export.convert_frozen_graph`)
+to both flavours, uint8 and int8. It returns, for each invariant of
+`INVARIANTS`, None when it holds or a message:
+
+* `pipeline_succeeds`: building, rewriting, training, freezing and
+  converting raise nothing.
+* `strict_restore`: the plain Saver of the eval graph restores the training
+  checkpoint.
+* `fully_integer`: no TFLite op computes in float (either flavour).
+* `ranges_survive`: every activation range of the eval graph is a TFLite
+  tensor with exactly its scale and zero point
+  (`qat.export.range_survival`, as `layer_numerics` reports it; either
+  flavour).
+* `layers_within_one_step`: given TFLite's own inputs, the eval graph
+  computes every integer TFLite tensor it has a range of within one step,
+  and the model output is matched (`qat.report.layer_numerics`' own steps,
+  either flavour).
+"""
+import os
+import shutil
+import tempfile
+from typing import Dict, Optional
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
+
+import qat
+from qat import export
+from qat import report
+from tools.property import converter_networks as networks
+
+INVARIANTS = (
+    "pipeline_succeeds",
+    "strict_restore",
+    "fully_integer",
+    "ranges_survive",
+    "layers_within_one_step",
+)
+FLAVOURS = ("uint8", "int8")
+TRAIN_STEPS = 3
+TRAIN_BATCH = 8
+NUMERICS_EXAMPLES = 8
+# Given the same inputs a kernel and the eval graph differ only where a value
+# lies within float rounding of a rounding boundary: one step.
+MAX_OWN_STEPS = 1.0 + 1e-3
+
+
+def _session(graph: tf.Graph) -> tf.compat.v1.Session:
+    rewrite_options = rewriter_config_pb2.RewriterConfig(disable_meta_optimizer=True)
+    config = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=1, inter_op_parallelism_threads=1,
+        graph_options=tf.compat.v1.GraphOptions(rewrite_options=rewrite_options))
+    return tf.compat.v1.Session(graph=graph, config=config)
+
+
+def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0) -> None:
+    """Builds, rewrites and trains the training graph; saves `checkpoint`."""
+    built = networks.build(net, training=True, seed=seed)
+    graph = built.graph
+    with graph.as_default():
+        qat.experimental_create_training_graph(graph, symmetric_weights=True)
+        updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+        with tf.control_dependencies(updates + [built.loss]):
+            if tf.compat.v1.trainable_variables():
+                train_op = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(
+                    built.loss)
+            else:  # Pools only: the steps calibrate the ranges.
+                train_op = tf.no_op()
+        init = tf.compat.v1.global_variables_initializer()
+        saver = tf.compat.v1.train.Saver()
+    with _session(graph) as sess:
+        sess.run(init)
+        for step in range(TRAIN_STEPS):
+            sess.run(train_op, {built.input: networks.inputs(net, TRAIN_BATCH, seed + step)})
+        saver.save(sess, checkpoint)
+
+
+def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0
+                 ) -> tf.compat.v1.Session:
+    """The eval graph, rewritten and restored with a plain Saver (strict)."""
+    built = networks.build(net, training=False, seed=seed)
+    graph = built.graph
+    with graph.as_default():
+        qat.experimental_create_eval_graph(graph, symmetric_weights=True)
+        saver = tf.compat.v1.train.Saver()
+    sess = _session(graph)
+    try:
+        saver.restore(sess, checkpoint)
+    except Exception:
+        sess.close()
+        raise
+    return sess
+
+
+def _fully_integer(model: bytes, frozen) -> Optional[str]:
+    float_ops = export.find_float_ops(export.describe_model(model), frozen)
+    if not float_ops:
+        return None
+    return "; ".join(f.describe() for f in float_ops[:3]) + (
+        f" (+{len(float_ops) - 3} more)" if len(float_ops) > 3 else "")
+
+
+def _layers(numerics: "report.NumericsReport") -> Optional[str]:
+    problems = []
+    if numerics.rows[-1].tflite_tensor is None:
+        problems.append("the model output has no TFLite tensor")
+    for row in numerics.rows:
+        if row.max_own_steps > MAX_OWN_STEPS:
+            problems.append(f"{row.name} ({row.tflite_tensor}) {row.max_own_steps:.2f} steps "
+                            "off given TFLite's inputs")
+    return "; ".join(problems[:4]) or None
+
+
+def _record(results: Dict[str, Optional[str]], name: str, flavour: str,
+            message: Optional[str]) -> None:
+    if message and results[name] is None:
+        results[name] = f"{flavour}: {message}"[:600]
+
+
+def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[str]]:
+    """Checks every invariant on `net`.
+
+    Args:
+      net: the network to build.
+      seed: graph-level random seed and input seed.
+
+    Returns:
+      {invariant: None if it holds, else a message}, for every INVARIANTS name.
+    """
+    results: Dict[str, Optional[str]] = {name: None for name in INVARIANTS}
+    workdir = tempfile.mkdtemp(prefix="qat_converter_property_")
+    stage = "training"
+    sess = None
+    try:
+        checkpoint = os.path.join(workdir, "model")
+        train(net, checkpoint, seed)
+        stage = "eval graph"
+        try:
+            sess = restore_eval(net, checkpoint, seed)
+        except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
+            results["strict_restore"] = str(e).splitlines()[0][:400]
+            return results
+        stage = "freeze"
+        frozen = export.freeze_session(sess, ["output"])
+        for flavour in FLAVOURS:
+            stage = f"{flavour} conversion"
+            model = export.convert_frozen_graph(
+                frozen, ["input"], ["output"], flavour,
+                input_ranges={"input": networks.input_range(net)})
+            stage = f"{flavour} checks"
+            _record(results, "fully_integer", flavour, _fully_integer(model, frozen))
+            # The numerics check range survival too (`lost_ranges`).
+            numerics = report.layer_numerics(
+                frozen, "input:0", ["output"],
+                networks.inputs(net, NUMERICS_EXAMPLES, seed=100), flavour=flavour,
+                model=model, input_range=networks.input_range(net))
+            _record(results, "ranges_survive", flavour,
+                    "; ".join(r.describe() for r in numerics.lost_ranges[:3]) or None)
+            _record(results, "layers_within_one_step", flavour, _layers(numerics))
+    except Exception as e:  # pylint: disable=broad-except
+        lines = str(e).strip().splitlines() or [""]
+        text = lines[0] + (f" ... {lines[-1]}" if len(lines) > 1 else "")
+        results["pipeline_succeeds"] = f"{stage}: {type(e).__name__}: {text}"[:600]
+    finally:
+        if sess is not None:
+            sess.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def violations(net: "networks.ConvNet", seed: int = 0) -> Dict[str, str]:
+    """The violated invariants only."""
+    return {k: v for k, v in check_network(net, seed).items() if v is not None}
+
+
+def inputs_vary(net: "networks.ConvNet") -> bool:
+    """Whether the numerics' examples differ (a sanity check for the tests)."""
+    x = networks.inputs(net, NUMERICS_EXAMPLES, seed=100)
+    return len(np.unique(x.reshape(len(x), -1), axis=0)) > 1

@@ -1,0 +1,382 @@
+"""The invariants the property-based checks hold qat's rewrites to.
+
+`check_network(net)` builds a `tools.property.networks.Network` twice (eval
+and training mode), rewrites both and returns, for each invariant of
+`INVARIANTS`, None when it holds or a message saying how it was violated:
+
+* `rewrite_succeeds`: no rewrite raises.
+* `eval_fold_exact`: `fold_batch_norms(is_training=False)` leaves the output
+  equal to the unfolded network's within 1e-4 (|a - b| <= 1e-4 (1 + |a|)).
+* `all_folded`: the eval fold skips no batch norm (every one follows a layer).
+* `gradients_finite`: after `create_training_graph` every trainable
+  variable has a gradient and each is finite.
+* `idempotent_training` / `idempotent_eval`: a second `create_*_graph` call
+  leaves the GraphDef unchanged.
+* `weights_quantized`: each layer's weights reach the layers only through a
+  FakeQuant (training and eval graphs).
+* `no_raw_reader`: every reader of a data tensor (one computed from the
+  network input) that has a FakeQuant reads the FakeQuant's output, wherever
+  the reader lives (the loss, a head outside the model's scope); only that
+  quantizer's range computation reads the raw value (training and eval).
+* `one_range_per_layer_output`: no FakeQuant between a layer op and a bias
+  add TFLite fuses into it (directly, or through Identity / Squeeze): the
+  layer output has one range, after the bias (both graphs).
+* `train_eval_symmetry`: every variable of the rewritten eval graph is one
+  of the rewritten training graph, with its shape, so a plain `Saver()` in
+  the eval graph restores the training checkpoint.
+* `shared_concat_ranges`: every data input of a quantized concatenation is
+  read through a FakeQuant whose min / max variables are the
+  concatenation's (training and eval graphs). A concatenation's range reads
+  its other inputs' raw values for its statistics
+  (`qat.quantize.plan.shared_ranges`): `no_raw_reader` counts those reductions as
+  range computation.
+
+The checks are structural except the two that run a Session (one thread).
+"""
+import collections
+from typing import Dict, Iterable, List, Optional, Set
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
+
+import qat
+from qat.engine import marks
+from tools.property import networks
+
+INVARIANTS = (
+    "rewrite_succeeds",
+    "eval_fold_exact",
+    "all_folded",
+    "gradients_finite",
+    "idempotent_training",
+    "idempotent_eval",
+    "weights_quantized",
+    "no_raw_reader",
+    "one_range_per_layer_output",
+    "train_eval_symmetry",
+    "shared_concat_ranges",
+)
+TOLERANCE = 1e-4
+LAYER_TYPES = frozenset([
+    "Conv2D", "DepthwiseConv2dNative", "MatMul", "BatchMatMulV2",
+    "Conv2DBackpropInput", "Conv3D"])
+
+
+def _is_fake_quant(op: tf.Operation) -> bool:
+    return op.type.startswith("FakeQuantWithMinMax")
+
+
+def _session(graph: tf.Graph) -> tf.compat.v1.Session:
+    # Grappler off: the checks are about qat's graph, not TensorFlow's
+    # optimisations of it, and optimising each small graph costs more than
+    # running it.
+    rewrite_options = rewriter_config_pb2.RewriterConfig(disable_meta_optimizer=True)
+    config = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=1, inter_op_parallelism_threads=1,
+        graph_options=tf.compat.v1.GraphOptions(rewrite_options=rewrite_options))
+    return tf.compat.v1.Session(graph=graph, config=config)
+
+
+def _graph_def_bytes(graph: tf.Graph) -> bytes:
+    return graph.as_graph_def().SerializeToString(deterministic=True)
+
+
+def _graph_def_change(before: bytes, graph: tf.Graph) -> Optional[str]:
+    """None if the graph still serialises to `before`, else what changed."""
+    if _graph_def_bytes(graph) == before:
+        return None
+    old = tf.compat.v1.GraphDef.FromString(before)
+    old_nodes = {n.name: n for n in old.node}
+    added = [n.name for n in graph.as_graph_def().node if n.name not in old_nodes]
+    changed = [n.name for n in graph.as_graph_def().node
+               if n.name in old_nodes and n != old_nodes[n.name]]
+    return (f"second call added {len(added)} ops {added[:4]} and changed "
+            f"{len(changed)} {changed[:4]}")
+
+
+def weights_violations(graph: tf.Graph, kernels: Iterable[tf.Operation]) -> List[str]:
+    """Weights that reach a layer op without a FakeQuant, or no FakeQuant."""
+    problems = []
+    for kernel in kernels:
+        seen: Set[tf.Operation] = set()
+        queue = collections.deque([kernel])
+        quantized = False
+        while queue:
+            op = queue.popleft()
+            for t in op.outputs:
+                for c in t.consumers():
+                    if c in seen:
+                        continue
+                    seen.add(c)
+                    if _is_fake_quant(c):
+                        quantized = True
+                        continue
+                    if c.type in LAYER_TYPES:
+                        problems.append(f"{kernel.name} reaches {c.name} unquantized")
+                        continue
+                    queue.append(c)
+        if not quantized:
+            problems.append(f"{kernel.name} reaches no FakeQuant")
+    return problems
+
+
+def _forward_ops(seed: tf.Operation) -> Set[tf.Operation]:
+    seen = {seed}
+    queue = collections.deque([seed])
+    while queue:
+        for t in queue.popleft().outputs:
+            for c in t.consumers():
+                if c not in seen:
+                    seen.add(c)
+                    queue.append(c)
+    return seen
+
+
+def _range_ops(fake_quant: tf.Operation, data: tf.Tensor) -> Set[tf.Operation]:
+    """The ops between `data` and the FakeQuant (its range computation)."""
+    seen = {fake_quant}
+    queue = collections.deque([fake_quant])
+    while queue:
+        op = queue.popleft()
+        upstream = [t.op for t in op.inputs if t is not data] + list(op.control_inputs)
+        for u in upstream:
+            if u not in seen:
+                seen.add(u)
+                queue.append(u)
+    return seen
+
+
+def raw_and_quantized_violations(graph: tf.Graph, input_tensor: tf.Tensor) -> List[str]:
+    """Data tensors read by a FakeQuant and raw by an op outside its range."""
+    data_ops = _forward_ops(input_tensor.op)
+    problems = []
+    for fq in graph.get_operations():
+        if not _is_fake_quant(fq) or fq.inputs[0].op not in data_ops:
+            continue
+        data = fq.inputs[0]
+        raw = [c for c in data.consumers() if not _is_fake_quant(c)]
+        if not raw:
+            continue
+        allowed = _range_ops(fq, data)
+        for c in raw:
+            if c not in allowed and not _is_statistic(c):
+                problems.append(f"{data.name} is read quantized by {fq.name} and raw "
+                                f"by {c.name} ({c.type})")
+    return problems
+
+
+def _is_statistic(op: tf.Operation) -> bool:
+    """A reduction of a quantizer's range update (a group member's min / max)."""
+    return op.type in ("Min", "Max", "Cast") and marks.made_by_qat(op, marks.QUANTIZER)
+
+
+_SAME_SCALE = frozenset(["Identity", "Reshape", "MaxPool", "Pad", "Squeeze",
+                         "ExpandDims", "Select", "Cast",
+                         # An atrous layer's range is on the conv output, the
+                         # tensor TFLite's CONV_2D writes (docs/what_gets_a_range.md).
+                         "BatchToSpaceND", "SpaceToBatchND"])
+
+
+def _range_variables(fq: tf.Operation) -> Optional[tuple]:
+    """The names of the variables a FakeQuant's min and max read, or None."""
+    names = []
+    for t in fq.inputs[1:3]:
+        while t.op.type == "Identity":
+            t = t.op.inputs[0]
+        if t.op.type != "ReadVariableOp":
+            return None
+        names.append(t.op.inputs[0].op.name)
+    return tuple(names)
+
+
+def _quantizing_fake_quant(t: tf.Tensor) -> Optional[tf.Operation]:
+    """The FakeQuant `t` comes from, back through same-scale and qat's ops."""
+    for _ in range(100):
+        if _is_fake_quant(t.op):
+            return t.op
+        if t.op.type not in _SAME_SCALE or not t.op.inputs:
+            return None
+        # A delayed quantizer's Select: its quantized input.
+        t = t.op.inputs[1] if t.op.type == "Select" else t.op.inputs[0]
+    return None
+
+
+def shared_concat_violations(graph: tf.Graph, input_tensor: tf.Tensor) -> List[str]:
+    """Inputs of a quantized concatenation not quantized with its range."""
+    data_ops = _forward_ops(input_tensor.op)
+    problems = []
+    for op in graph.get_operations():
+        if op.type not in ("ConcatV2", "Concat") or op not in data_ops:
+            continue
+        own = [c for c in op.outputs[0].consumers() if _is_fake_quant(c)]
+        if not own:
+            continue
+        variables = _range_variables(own[0])
+        for t in op.inputs:
+            if t.op not in data_ops:
+                continue
+            fq = _quantizing_fake_quant(t)
+            if fq is None:
+                problems.append(f"{op.name} reads {t.name} unquantized")
+            elif _range_variables(fq) != variables:
+                problems.append(f"{op.name} reads {t.name} through {fq.name} with "
+                                f"{_range_variables(fq)}, not {variables}")
+    return problems
+
+
+# Ops between a layer op and a bias add TFLite fuses into the layer. Across an
+# atrous conv's BatchToSpaceND or a Reshape the bias is an ADD of its own, with
+# a range before and after it, as TFLite computes it.
+_LAYER_OUTPUT_PASSTHROUGH = frozenset(["Identity", "Squeeze"])
+_BIAS_ADD_TYPES = frozenset(["BiasAdd", "Add", "AddV2"])
+
+
+def _back_through_passthrough(t: tf.Tensor) -> tf.Tensor:
+    while t.op.type in _LAYER_OUTPUT_PASSTHROUGH and t.op.inputs:
+        t = t.op.inputs[0]
+    return t
+
+
+def _is_parameter(t: tf.Tensor) -> bool:
+    """A variable read or a constant (maybe behind Identity or a FakeQuant)."""
+    op = t.op
+    while (op.type == "Identity" or _is_fake_quant(op)) and op.inputs:
+        op = op.inputs[0].op
+    return op.type in ("ReadVariableOp", "Const", "VariableV2", "VarHandleOp")
+
+
+def double_range_violations(graph: tf.Graph) -> List[str]:
+    """Bias adds that read a FakeQuant of a layer op's output."""
+    problems = []
+    for op in graph.get_operations():
+        if op.type not in _BIAS_ADD_TYPES or len(op.inputs) != 2:
+            continue
+        for data, param in (op.inputs, reversed(op.inputs)):
+            if not _is_parameter(param) or param.shape.rank != 1:
+                continue
+            fq = _back_through_passthrough(data).op
+            if not _is_fake_quant(fq):
+                continue
+            layer = _back_through_passthrough(fq.inputs[0]).op
+            if layer.type in LAYER_TYPES:
+                problems.append(f"{layer.name} has a range ({fq.name}) before its "
+                                f"bias add {op.name}")
+    return problems
+
+
+def _variables(graph: tf.Graph) -> Dict[str, tuple]:
+    with graph.as_default():
+        return {v.op.name: tuple(v.shape.as_list())
+                for v in tf.compat.v1.global_variables()}
+
+
+def symmetry_violations(eval_vars: Dict[str, tuple],
+                        training_vars: Dict[str, tuple]) -> List[str]:
+    """Eval-graph variables a training checkpoint lacks (or has in another shape)."""
+    problems = []
+    for name, shape in sorted(eval_vars.items()):
+        if name not in training_vars:
+            problems.append(f"eval variable {name} is not in the training graph")
+        elif training_vars[name] != shape:
+            problems.append(f"eval variable {name} {shape} is "
+                            f"{training_vars[name]} in training")
+    return problems
+
+
+def _structural(results, suffix, built) -> None:
+    problems = weights_violations(built.graph, built.kernels)
+    if problems:
+        results["weights_quantized"] = f"{suffix}: " + "; ".join(problems)
+    problems = raw_and_quantized_violations(built.graph, built.input)
+    if problems and results.get("no_raw_reader") is None:
+        results["no_raw_reader"] = f"{suffix}: " + "; ".join(problems)
+    problems = double_range_violations(built.graph)
+    if problems and results.get("one_range_per_layer_output") is None:
+        results["one_range_per_layer_output"] = f"{suffix}: " + "; ".join(problems)
+    results.setdefault("_variables", {})[suffix] = _variables(built.graph)
+    problems = shared_concat_violations(built.graph, built.input)
+    if problems and results.get("shared_concat_ranges") is None:
+        results["shared_concat_ranges"] = f"{suffix}: " + "; ".join(problems)
+
+
+def _check_eval(net, results, seed) -> None:
+    built = networks.build(net, training=False, seed=seed)
+    g = built.graph
+    feed = {built.input: networks.inputs(net, seed)}
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with _session(g) as sess:
+        sess.run(init)
+        reference = sess.run(built.output, feed)
+        fold = qat.fold_batch_norms(g, is_training=False)
+        folded = sess.run(built.output, feed)
+    if fold.skipped:
+        results["all_folded"] = "; ".join(f"{s}" for s in fold.skipped)
+    if reference.shape != folded.shape:
+        results["eval_fold_exact"] = f"shape {reference.shape} -> {folded.shape}"
+    else:
+        error = np.abs(reference - folded) - TOLERANCE * (1 + np.abs(reference))
+        if np.max(error) > 0 or not np.all(np.isfinite(folded)):
+            results["eval_fold_exact"] = (
+                f"max |unfolded - folded| = {np.max(np.abs(reference - folded)):.3g} "
+                f"(max |unfolded| {np.max(np.abs(reference)):.3g})")
+    qat.create_eval_graph(g)
+    _structural(results, "eval", built)
+    before = _graph_def_bytes(g)
+    qat.create_eval_graph(g)
+    results["idempotent_eval"] = _graph_def_change(before, g)
+
+
+def _check_training(net, results, seed) -> None:
+    built = networks.build(net, training=True, seed=seed)
+    g = built.graph
+    qat.create_training_graph(g)
+    _structural(results, "training", built)
+    before = _graph_def_bytes(g)
+    qat.create_training_graph(g)
+    results["idempotent_training"] = _graph_def_change(before, g)
+    with g.as_default():
+        variables = tf.compat.v1.trainable_variables()
+        grads = tf.gradients(built.loss, variables)
+        missing = [v.op.name for v, d in zip(variables, grads) if d is None]
+        if missing:
+            results["gradients_finite"] = f"no gradient for {missing}"
+            return
+        init = tf.compat.v1.global_variables_initializer()
+    with _session(g) as sess:
+        sess.run(init)
+        values = sess.run(grads, {built.input: networks.inputs(net, seed)})
+    bad = [v.op.name for v, d in zip(variables, values) if not np.all(np.isfinite(d))]
+    if bad:
+        results["gradients_finite"] = f"non-finite gradient for {bad}"
+
+
+def check_network(net: "networks.Network", seed: int = 0) -> Dict[str, Optional[str]]:
+    """Checks every invariant on `net`.
+
+    Args:
+      net: the network to build.
+      seed: graph-level random seed and input seed.
+
+    Returns:
+      {invariant: None if it holds, else a message}, for every INVARIANTS name.
+    """
+    results: Dict[str, Optional[str]] = {name: None for name in INVARIANTS}
+    for check in (_check_eval, _check_training):
+        try:
+            check(net, results, seed)
+        except Exception as e:  # pylint: disable=broad-except
+            results["rewrite_succeeds"] = (
+                f"{check.__name__[7:]}: {type(e).__name__}: {e}"[:400])
+    variables = results.pop("_variables", {})
+    if len(variables) == 2:
+        problems = symmetry_violations(variables["eval"], variables["training"])
+        if problems:
+            results["train_eval_symmetry"] = "; ".join(problems)
+    return results
+
+
+def violations(net: "networks.Network", seed: int = 0) -> Dict[str, str]:
+    """The violated invariants only."""
+    return {k: v for k, v in check_network(net, seed).items() if v is not None}

@@ -1,0 +1,412 @@
+"""Random small networks for the property-based checks.
+
+A `Network` is a plain description (input rank, variable kind, 1 to 6
+`Block`s, a classifier head); `networks()` is the hypothesis strategy that
+draws valid ones and `build()` turns one into a `tf.compat.v1` graph, in
+training or eval mode (what differs between the two: dropout, batch-norm
+mode, the loss). Each block is
+
+    [dropout (tf.nn.dropout with a rate placeholder, slim.dropout, keras
+      Dropout)] -> layer (conv, depthwise, dense, atrous)
+      [-> bias (tf.nn.bias_add or `+ bias`)] [-> batch norm]
+      [-> residual add of the block input ("pre")] -> activation
+      [-> residual add of the block input ("post")]
+      [-> concat with the block input or the network input]
+
+and the head, after the blocks, a layer with a bias and no activation read
+by a Squeeze, a Reshape or an Identity (a TF-Slim logits head: global mean
+and a 1x1 conv for 4-D inputs), inside or outside the model's name scope.
+
+A dense layer after 4-D blocks flattens its input first; later blocks are
+dense too. Batch norms come from `tf.compat.v1.layers.batch_normalization`
+(fused or unfused) with random moving statistics, gamma and beta, so an eval
+fold has something to fold. Used by tests/property_test.py and
+tools/property/check.py.
+"""
+import dataclasses
+import os
+from typing import Dict, List, Tuple
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from hypothesis import strategies as st  # pylint: disable=g-import-not-at-top
+
+LAYERS_4D = ("conv", "depthwise", "atrous", "dense")
+ACTIVATIONS = ("relu", "relu6", "leaky_relu", "none")
+BIASES = ("none", "bias_add", "plus")
+DROPOUTS = ("none", "nn", "slim", "keras")
+HEADS = ("none", "squeeze", "reshape", "identity")
+BATCH_NORMS = ("none", "fused", "unfused")
+RESIDUALS = ("none", "pre", "post")
+CONCATS = ("none", "block_input", "net_input")
+BATCH = 4
+SPATIAL = 5
+INPUT_CHANNELS = 3
+INPUT_FEATURES = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One layer with its optional bias, batch norm, activation, add, concat."""
+    layer: str
+    channels: int
+    bias: str
+    batch_norm: str
+    activation: str
+    residual: str
+    concat: str
+    dropout: str = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """input_rank 4 ([BATCH, SPATIAL, SPATIAL, 3]) or 2 ([BATCH, 6])."""
+    input_rank: int
+    resource: bool
+    blocks: Tuple[Block, ...]
+    head: str = "none"
+    head_in_scope: bool = True
+    head_dropout: str = "none"
+
+    def size(self) -> int:
+        """A measure to pick the smallest of several failing networks."""
+        return (sum(10 + (b.bias != "none") + (b.batch_norm != "none") +
+                    (b.activation != "none") + (b.residual != "none") +
+                    (b.concat != "none") + (b.layer != "conv") +
+                    (b.dropout != "none")
+                    for b in self.blocks)
+                + (self.head != "none") * 5 + (not self.head_in_scope)
+                + (self.head_dropout != "none"))
+
+    def describe(self) -> str:
+        """One line per block, for reports."""
+        lines = [f"input rank {self.input_rank}, "
+                 f"{'resource' if self.resource else 'ref'} variables, head "
+                 f"{self.head} ({'inside' if self.head_in_scope else 'outside'} "
+                 f"the model scope, dropout={self.head_dropout})"]
+        for i, b in enumerate(self.blocks):
+            lines.append(
+                f"  block{i}: dropout={b.dropout} {b.layer}({b.channels}) "
+                f"bias={b.bias} bn={b.batch_norm} act={b.activation} "
+                f"residual={b.residual} concat={b.concat}")
+        return "\n".join(lines)
+
+
+@st.composite
+def networks(draw, max_depth: int = 6) -> Network:
+    """Hypothesis strategy: valid random networks of depth 1..max_depth."""
+    input_rank = draw(st.sampled_from((4, 2)))
+    resource = draw(st.booleans())
+    depth = draw(st.integers(1, max_depth))
+    rank = input_rank
+    channels = INPUT_CHANNELS if rank == 4 else INPUT_FEATURES
+    blocks = []
+    for _ in range(depth):
+        layer = draw(st.sampled_from(LAYERS_4D if rank == 4 else ("dense",)))
+        flattens = layer == "dense" and rank == 4
+        in_channels = channels * SPATIAL * SPATIAL if flattens else channels
+        residual = draw(st.sampled_from(RESIDUALS))
+        if layer == "depthwise":
+            out = in_channels
+        elif residual != "none" and not flattens:
+            out = in_channels
+        else:
+            out = draw(st.integers(2, 4))
+        if flattens or out != in_channels:
+            residual = "none"
+        new_rank = 2 if layer == "dense" else 4
+        concats = ["none", "block_input"] if not flattens else ["none"]
+        if new_rank == input_rank:
+            concats.append("net_input")
+        blocks.append(Block(
+            layer=layer, channels=out, bias=draw(st.sampled_from(BIASES)),
+            batch_norm=draw(st.sampled_from(BATCH_NORMS)),
+            activation=draw(st.sampled_from(ACTIVATIONS)),
+            residual=residual,
+            concat=draw(st.sampled_from(concats)),
+            dropout=draw(st.sampled_from(DROPOUTS))))
+        rank = new_rank
+        channels = out
+        if blocks[-1].concat == "block_input":
+            channels += in_channels
+        elif blocks[-1].concat == "net_input":
+            channels += INPUT_CHANNELS if input_rank == 4 else INPUT_FEATURES
+    head = draw(st.sampled_from(HEADS))
+    if head == "none":
+        return Network(input_rank, resource, tuple(blocks))
+    return Network(input_rank, resource, tuple(blocks), head=head,
+                   head_in_scope=draw(st.booleans()),
+                   head_dropout=draw(st.sampled_from(DROPOUTS)))
+
+
+def is_valid(net: Network) -> bool:
+    """True if `net` is one `networks()` can draw (ranks, channels, adds)."""
+    if net.input_rank not in (2, 4) or not 1 <= len(net.blocks):
+        return False
+    if net.head not in HEADS or net.head_dropout not in DROPOUTS:
+        return False
+    if net.head == "none" and (net.head_dropout != "none" or not net.head_in_scope):
+        return False
+    rank = net.input_rank
+    channels = INPUT_CHANNELS if rank == 4 else INPUT_FEATURES
+    for b in net.blocks:
+        if rank == 2 and b.layer != "dense":
+            return False
+        flattens = b.layer == "dense" and rank == 4
+        in_channels = channels * SPATIAL * SPATIAL if flattens else channels
+        if b.layer == "depthwise" and b.channels != in_channels:
+            return False
+        if b.residual != "none" and (flattens or b.channels != in_channels):
+            return False
+        new_rank = 2 if b.layer == "dense" else 4
+        if b.concat == "block_input" and flattens:
+            return False
+        if b.concat == "net_input" and new_rank != net.input_rank:
+            return False
+        rank, channels = new_rank, b.channels
+        if b.concat == "block_input":
+            channels += in_channels
+        elif b.concat == "net_input":
+            channels += INPUT_CHANNELS if net.input_rank == 4 else INPUT_FEATURES
+    return True
+
+
+def simpler(net: Network):
+    """Yields valid networks one step simpler than `net` (for shrinking)."""
+    blocks = list(net.blocks)
+    for i in range(len(blocks)):
+        if len(blocks) > 1:
+            yield dataclasses.replace(net, blocks=tuple(blocks[:i] + blocks[i + 1:]))
+    if net.head != "none":
+        yield dataclasses.replace(net, head="none", head_in_scope=True,
+                                  head_dropout="none")
+    if not net.head_in_scope:
+        yield dataclasses.replace(net, head_in_scope=True)
+    if net.head_dropout != "none":
+        yield dataclasses.replace(net, head_dropout="none")
+    defaults = {"bias": "none", "batch_norm": "none", "activation": "none",
+                "residual": "none", "concat": "none", "dropout": "none"}
+    for i, b in enumerate(blocks):
+        for field, value in defaults.items():
+            if getattr(b, field) != value:
+                new = blocks[:i] + [dataclasses.replace(b, **{field: value})] + blocks[i + 1:]
+                yield dataclasses.replace(net, blocks=tuple(new))
+        if b.layer in ("depthwise", "atrous"):
+            new = blocks[:i] + [dataclasses.replace(b, layer="conv")] + blocks[i + 1:]
+            yield dataclasses.replace(net, blocks=tuple(new))
+    if not net.resource:
+        yield dataclasses.replace(net, resource=True)
+
+
+def shrink(net: Network, still_fails, budget: int = 60) -> Network:
+    """Greedily simplifies `net` while `still_fails(candidate)` holds.
+
+    Args:
+      net: a failing network.
+      still_fails: predicate on a candidate network.
+      budget: the most candidates tried.
+
+    Returns:
+      The simplest failing network found.
+    """
+    improved = True
+    while improved and budget > 0:
+        improved = False
+        for candidate in simpler(net):
+            if not is_valid(candidate):
+                continue
+            budget -= 1
+            if still_fails(candidate):
+                net, improved = candidate, True
+                break
+            if budget <= 0:
+                break
+    return net
+
+
+@dataclasses.dataclass
+class Built:
+    """A built network: its graph and what the checks need."""
+    graph: tf.Graph
+    input: tf.Tensor
+    output: tf.Tensor
+    kernels: List[tf.Operation]  # the variable op of each layer's weights
+    loss: tf.Tensor = None
+
+
+def _activation(x: tf.Tensor, kind: str) -> tf.Tensor:
+    if kind == "relu":
+        return tf.nn.relu(x)
+    if kind == "relu6":
+        return tf.nn.relu6(x)
+    if kind == "leaky_relu":
+        return tf.nn.leaky_relu(x, alpha=0.2)
+    return x
+
+
+def _layer(x: tf.Tensor, block: Block, kernels: list) -> tf.Tensor:
+    init = tf.compat.v1.glorot_uniform_initializer()
+    if block.layer == "dense":
+        if x.shape.rank == 4:
+            x = tf.reshape(x, [BATCH, -1])
+        w = tf.compat.v1.get_variable("kernel", [int(x.shape[-1]), block.channels],
+                                      initializer=init)
+        y = tf.matmul(x, w)
+    elif block.layer == "depthwise":
+        w = tf.compat.v1.get_variable("depthwise_kernel",
+                                      [3, 3, int(x.shape[-1]), 1], initializer=init)
+        y = tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME")
+    else:
+        w = tf.compat.v1.get_variable(
+            "kernel", [3, 3, int(x.shape[-1]), block.channels], initializer=init)
+        if block.layer == "atrous":
+            y = tf.compat.v1.nn.atrous_conv2d(x, w, 2, "SAME")
+        else:
+            y = tf.nn.conv2d(x, w, 1, "SAME")
+    kernels.append(w.op)
+    return _bias(y, block.bias)
+
+
+def _bias(y: tf.Tensor, kind: str) -> tf.Tensor:
+    if kind == "none":
+        return y
+    b = tf.compat.v1.get_variable(
+        "bias", [int(y.shape[-1])],
+        initializer=tf.compat.v1.random_normal_initializer(stddev=0.3))
+    return tf.nn.bias_add(y, b) if kind == "bias_add" else y + b
+
+
+def _dropout(x: tf.Tensor, kind: str, training: bool) -> tf.Tensor:
+    """Dropout the ways TF1 models wrote it; eval graphs run it off."""
+    if kind == "nn":
+        # A rate fed while training and left at 0 in eval (the placeholder
+        # is in both graphs, as in the speech_commands models).
+        rate = tf.compat.v1.placeholder_with_default(
+            0.5 if training else 0.0, [], name="dropout_rate")
+        return tf.nn.dropout(x, rate=rate)
+    if kind == "slim":
+        return _slim().dropout(x, 0.5, is_training=training)
+    if kind == "keras":
+        import tf_keras  # pylint: disable=g-import-not-at-top
+        return tf_keras.layers.Dropout(0.5)(x, training=training)
+    return x
+
+
+def _slim():
+    from qat import compat  # pylint: disable=g-import-not-at-top
+    compat.enable_slim()
+    import tf_slim  # pylint: disable=g-import-not-at-top
+    return tf_slim
+
+
+def _head(x: tf.Tensor, net: Network, training: bool, kernels: list) -> tf.Tensor:
+    """A logits layer with a bias and no activation, read by `net.head`."""
+    classes = 3
+    kind = net.head
+    init = tf.compat.v1.glorot_uniform_initializer()
+    if x.shape.rank == 4:
+        x = tf.reduce_mean(x, [1, 2], keepdims=True)
+    x = _dropout(x, net.head_dropout, training)
+    if x.shape.rank == 4:
+        w = tf.compat.v1.get_variable("kernel", [1, 1, int(x.shape[-1]), classes],
+                                      initializer=init)
+        y = _bias(tf.nn.conv2d(x, w, 1, "VALID"), "bias_add")
+    else:
+        w = tf.compat.v1.get_variable("kernel", [int(x.shape[-1]), classes],
+                                      initializer=init)
+        y = _bias(tf.matmul(x, w), "plus")
+    kernels.append(w.op)
+    if kind == "squeeze":
+        return tf.squeeze(y, [1, 2]) if y.shape.rank == 4 else tf.squeeze(
+            tf.expand_dims(y, 1), [1])
+    if kind == "reshape":
+        return tf.reshape(y, [BATCH, classes])
+    return tf.identity(y, name="logits")
+
+
+def _batch_norm(y: tf.Tensor, kind: str, training: bool) -> tf.Tensor:
+    fused = kind == "fused" and y.shape.rank == 4
+    return tf.compat.v1.layers.batch_normalization(
+        y, training=training, fused=fused, name="bn",
+        beta_initializer=tf.compat.v1.random_normal_initializer(stddev=0.3),
+        gamma_initializer=tf.compat.v1.random_uniform_initializer(0.5, 1.5),
+        moving_mean_initializer=tf.compat.v1.random_normal_initializer(stddev=0.3),
+        moving_variance_initializer=tf.compat.v1.random_uniform_initializer(0.5, 2.0))
+
+
+def build(net: Network, training: bool, seed: int = 0) -> Built:
+    """Builds `net` in a new graph; `training` sets the batch norms' mode.
+
+    The output is `tf.identity(..., name="output")`; in training mode the loss
+    is the mean squared output.
+    """
+    g = tf.Graph()
+    kernels = []
+    with g.as_default():
+        with tf.compat.v1.variable_scope("net", use_resource=net.resource):
+            tf.compat.v1.set_random_seed(seed)
+            if net.input_rank == 4:
+                shape = [BATCH, SPATIAL, SPATIAL, INPUT_CHANNELS]
+            else:
+                shape = [BATCH, INPUT_FEATURES]
+            x = tf.compat.v1.placeholder(tf.float32, shape, name="input")
+            net_in = x
+            for i, block in enumerate(net.blocks):
+                with tf.compat.v1.variable_scope(f"block{i}"):
+                    x = _block(x, net_in, block, training, kernels)
+            if net.head != "none" and net.head_in_scope:
+                with tf.compat.v1.variable_scope("head"):
+                    x = _head(x, net, training, kernels)
+        if net.head != "none" and not net.head_in_scope:
+            with tf.compat.v1.variable_scope("head", use_resource=net.resource):
+                x = _head(x, net, training, kernels)
+        out = tf.identity(x, name="output")
+        loss = tf.reduce_mean(tf.square(out), name="loss") if training else None
+    return Built(g, net_in, out, kernels, loss)
+
+
+def _block(x: tf.Tensor, net_in: tf.Tensor, block: Block, training: bool,
+           kernels: list) -> tf.Tensor:
+    block_in = x
+    y = _layer(_dropout(x, block.dropout, training), block, kernels)
+    if block.batch_norm != "none":
+        y = _batch_norm(y, block.batch_norm, training)
+    if block.residual == "pre":
+        y = y + block_in
+    y = _activation(y, block.activation)
+    if block.residual == "post":
+        y = y + block_in
+    if block.concat == "block_input":
+        y = tf.concat([y, block_in], axis=-1)
+    elif block.concat == "net_input":
+        y = tf.concat([y, net_in], axis=-1)
+    return y
+
+
+def inputs(net: Network, seed: int = 0) -> np.ndarray:
+    """A deterministic input batch for `net`."""
+    rng = np.random.RandomState(seed)
+    if net.input_rank == 4:
+        shape = [BATCH, SPATIAL, SPATIAL, INPUT_CHANNELS]
+    else:
+        shape = [BATCH, INPUT_FEATURES]
+    return rng.uniform(-1.0, 1.0, shape).astype(np.float32)
+
+
+def example_networks() -> Dict[str, Network]:
+    """A few fixed networks (regression seeds for the bounded test)."""
+    conv = Block("conv", 3, "bias_add", "fused", "relu", "none", "none")
+    return {
+        "conv_bn_relu": Network(4, True, (conv,)),
+        "concat_input": Network(4, True, (dataclasses.replace(conv, concat="net_input"),)),
+        "dense_unfused": Network(2, False, (Block("dense", 3, "none", "unfused",
+                                                  "relu6", "none", "none"),)),
+        # TF-Slim's classifier: dropout before a 1x1-conv logits head that
+        # a Squeeze reads (the range once, after the bias, in both graphs).
+        "slim_head": Network(4, True, (
+            dataclasses.replace(conv, activation="relu6"),
+            Block("conv", 3, "plus", "none", "none", "none", "none", dropout="nn")),
+            head="squeeze", head_in_scope=False, head_dropout="slim"),
+    }
