@@ -37,7 +37,7 @@ from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-imp
 
 import qat  # pylint: disable=g-import-not-at-top,wrong-import-position
 from qat.engine import marks  # pylint: disable=g-import-not-at-top,wrong-import-position
-from qat.quantize import quantizer_spec  # pylint: disable=g-import-not-at-top,wrong-import-position
+from qat.quantize.emit import quantizer_spec  # pylint: disable=g-import-not-at-top,wrong-import-position
 from qat.tf2 import rewriter as rewriter_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 DEVICES = ["/cpu:0", "/cpu:1"]

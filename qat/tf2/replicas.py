@@ -5,7 +5,7 @@ replica function once per device, and each replica calls the quantized
 model's training function: TensorFlow traces it once per replica device
 (`tf.function` retraces for each device under a strategy), inside that
 replica's context. The graph path's rule (issue #27,
-`qat.quantize.replicas`) holds here as well:
+`qat.distribute.replicas`) holds here as well:
 
 * Ranges and the step counter are made once, under the strategy: mirrored
   variables (one component per device, aggregation ONLY_FIRST_REPLICA,
@@ -16,7 +16,7 @@ replica's context. The graph path's rule (issue #27,
   quantized once per device, from that device's copy.
 * Each range update all-reduces the replica's batch min (merge
   op Min) and batch max (Max) over the replicas before the moving-average
-  step (`ReplicaAllReduce`, emitted by `qat.quantize.range_updates` where the
+  step (`ReplicaAllReduce`, emitted by `qat.quantize.emit.range_updates` where the
   graph path emits its multi-worker all-reduce): every replica then applies
   the same update to the same value, so the components stay equal, and the
   range follows one replica training on the whole batch (min and max are
@@ -158,8 +158,8 @@ def _collectives(strategy) -> _Collectives:
 class ReplicaAllReduce(object):
     """All-reduces one replica's range statistics over the strategy's replicas.
 
-    The `spec.all_reduce` of `qat.quantize.range_updates` (the interface of
-    `qat.quantize.worker_ranges.WorkerAllReduce`) for the trace of one replica.
+    The `spec.all_reduce` of `qat.quantize.emit.range_updates` (the interface of
+    `qat.distribute.worker_ranges.WorkerAllReduce`) for the trace of one replica.
 
     Args:
       collectives: the strategy's group.
