@@ -366,9 +366,10 @@ def quantizer_values(quantizers: Sequence[QuantizerOp],
         for q in quantizers:
             for variable, tensor in ((q.min_variable, q.op.inputs[1]),
                                      (q.max_variable, q.op.inputs[2])):
-                if variable is None:
-                    if tensor.op.type == "Const":
-                        fetches[tensor.name] = tensor
+                if variable is None:  # A constant range (a frozen graph's, a fixed grid).
+                    value = tf.get_static_value(tensor)
+                    if value is not None:
+                        values[tensor.name] = value
                     continue
                 read = plain_read(sess.graph.get_operation_by_name(variable))
                 if read is not None:
