@@ -54,7 +54,7 @@ from tensorflow.python.distribute import cross_device_utils
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
 
-from qat.distribute import data_parallel
+from qat.quantize.plan import replication
 
 class NotMirroredError(ValueError):
     """A range variable read by several replicas is not a mirrored variable."""
@@ -280,13 +280,14 @@ def container(variable: tf.Variable) -> tf.Variable:
     return found if found is not None else variable
 
 
-class TraceReplication(data_parallel.DataParallel):
+class TraceReplication(replication.Replication):
     """The quantize pass's replication hook in a quantized model's trace.
 
-    As for graphs (`qat.distribute.DataParallel`), with the range statistics
-    of a training trace all-reduced over the strategy's replicas when the
-    trace is a replica's (`all_reduce_for_trace`; none for the plan, which is
-    traced, never run).
+    Under a strategy every replica traces the model on its own (one model per
+    trace, its variables captured), so nothing in a trace is a replica of
+    anything else: what joins the replicas is the all-reduce of a training
+    trace's range statistics (`all_reduce_for_trace`; none for the plan,
+    which is traced, never run).
 
     Args:
       store: the model's `qat.tf2.ranges.RangeStore`.
