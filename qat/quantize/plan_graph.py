@@ -132,6 +132,24 @@ def _reduces_channels(op: tf.Operation, layer: tf.Operation) -> bool:
     return _channel_axis(layer, rank) in {int(a) % rank for a in np.ravel(axes)}
 
 
+def _reshapes_channels(op: tf.Operation) -> bool:
+    """A reshape that changes the last axis (a dense output split into heads).
+
+    The converter fuses a bias add into the layer across a reshape that
+    keeps the channels (a rank-3 Dense's MatMul reshaped back to rank 3),
+    not across one that splits them (Keras 3 MultiHeadAttention's
+    projections: FULLY_CONNECTED, RESHAPE to [.., heads, size], ADD of a
+    [heads, size] bias): the layer's range is on the tensor it reshapes.
+    """
+    if op.type != "Reshape":
+        return False
+    before, after = op.inputs[0].shape, op.outputs[0].shape
+    if not before.rank or not after.rank:
+        return False
+    return (before[-1] is not None and after[-1] is not None
+            and before[-1] != after[-1])
+
+
 def _restores_rank(op: tf.Operation, rank: Optional[int]) -> bool:
     """A reshape from another rank back to the layer's `rank`."""
     return (op.type in ("Reshape", "Squeeze") and rank is not None
@@ -295,6 +313,8 @@ class GraphView(object):
                         continue  # A MUL of its own, never folded.
                     if _reduces_channels(c, layer):
                         continue  # Layer-norm statistics: ops of their own.
+                    if _reshapes_channels(c):
+                        continue  # The layer output is before it.
                     if all(i.op in tail or not self.is_data(i)
                            for i in c.inputs):
                         tail.add(c)
