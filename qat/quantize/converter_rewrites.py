@@ -34,6 +34,12 @@ And what it rewrites into an op that needs a range: a division by a
 constant (`(x - mean) / std` normalisation) becomes a MUL by the constant's
 reciprocal, an own-range op (`is_constant_division`).
 
+A select of a value and a constant, `where(mask, x, c)` (Keras 3's masked
+softmax fills the masked scores with a large negative number): TFLite's
+SELECT_V2 runs in x's scale, with c rounded (so clamped) to x's grid: a
+same-scale op (`is_constant_select`), whose output gets a FakeQuant reading
+x's range so the eval graph rounds c as TFLite does.
+
 Clamps by a constant written with `tf.maximum` / `tf.minimum`
 (`qat.quantize.clamps`): `Maximum(x, 0)` is a RELU, fused like one; other
 clamps run in their input's scale (same-scale ops).
@@ -168,6 +174,21 @@ def folded_bias_add(op: tf.Operation, out: tf.Tensor, is_data) -> bool:
     return found is not None and _broadcasts_into(found[1].shape, out.shape)
 
 
+SELECT_TYPES = frozenset(["Select", "SelectV2"])
+
+
+def is_constant_select(op: tf.Operation, is_data) -> bool:
+    """`where(mask, x, c)` or `where(mask, c, x)` with one constant value c."""
+    if op.type not in SELECT_TYPES or len(op.inputs) != 3:
+        return False
+    values = op.inputs[1:]
+    data = [k for k, t in enumerate(values) if is_data(t)]
+    if len(data) != 1 or not values[data[0]].dtype.is_floating:
+        return False
+    c = _constant(values[1 - data[0]])
+    return c is not None and c.size > 0 and bool(np.all(c == np.ravel(c)[0]))
+
+
 def removed_or_same_scale(op: tf.Operation,
                           is_data: Callable[[tf.Tensor], bool]) -> bool:
     """Whether the converter removes `op` or runs it in its input's scale.
@@ -181,4 +202,4 @@ def removed_or_same_scale(op: tf.Operation,
     """
     return (is_neutral_arithmetic(op, is_data) or is_size_one_reduction(op)
             or is_identity_pool(op) or is_extremum_reduction(op)
-            or clamps.is_same_scale_clamp(op, is_data))
+            or clamps.is_same_scale_clamp(op, is_data) or is_constant_select(op, is_data))
