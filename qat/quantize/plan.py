@@ -324,8 +324,7 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         if not data or (op.type in op_table.REDUCTION_TYPES
                         and op.outputs[0].shape.rank == 0):
             return
-        readers = [c for out in op.outputs for c in out.consumers()]
-        if readers and all(qp.is_state_update(c) for c in readers):
+        if self.feeds_only_state_updates(op):
             return  # Arithmetic of a variable update (moving averages), not model data.
         ranged = [self._is_ranged(i) for i in data]
         ok = all(r or (self._is_input(i) and op in self.model_ops)
@@ -420,6 +419,7 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             tail, out = self.walk_tail(layer, stop=self.interior)
             self.tails[layer], self.outputs[layer] = tail, out
             self.tail_ops |= tail
+        self._find_batch_statistics(ordered)
         self.loss = self.loss_ops(self._belongs_to_model)
         for op in ordered:
             self.visit(op)

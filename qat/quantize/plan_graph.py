@@ -267,6 +267,24 @@ class GraphView(object):
     def is_data(self, t: tf.Tensor) -> bool:
         return t.op in self.data_ops
 
+    def feeds_only_state_updates(self, op: tf.Operation) -> bool:
+        """Whether everything `op` computes ends in variable updates only.
+
+        The arithmetic of a moving average (Keras 3's `moving_mean * m +
+        batch_mean * (1 - m)` before its AssignVariableOp): not model data.
+        """
+        memo = self.__dict__.setdefault("_update_only", {})
+
+        def only_updates(o, depth=0):
+            if o not in memo:
+                memo[o] = False  # Cycles and deep chains: not only updates.
+                readers = [c for out in o.outputs for c in out.consumers()
+                           if c not in self.gradient_ops]
+                memo[o] = bool(readers) and depth < 16 and all(
+                    qp.is_state_update(c) or only_updates(c, depth + 1) for c in readers)
+            return memo[o]
+        return only_updates(op)
+
     def consumers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
         """Consumers a quantizer of `t` reroutes (also via an old quantizer)."""
         out, internal = existing_quantizer(t)
