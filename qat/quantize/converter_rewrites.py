@@ -114,13 +114,37 @@ def _broadcasts_into(constant_shape, x_shape: tf.TensorShape) -> bool:
     return all(c == 1 or c == d for c, d in zip(constant_shape, dims))
 
 
+# What a parameter expression may read: constants and variables.
+_PARAMETER_SOURCES = frozenset(["Const", "ReadVariableOp", "VariableV2", "VarHandleOp"])
+_MAX_PARAMETER_DEPTH = 8
+
+
+def is_parameter_expression(t: tf.Tensor, depth: int = 0) -> bool:
+    """A tensor computed from constants and variables only (no input, no
+    random op): a constant once the graph is frozen, which the converter
+    folds (Keras 3 `Normalization` divides by `maximum(sqrt(variance), eps)`)."""
+    op = t.op
+    if op.type in _PARAMETER_SOURCES:
+        return True
+    if op.type == "Placeholder":
+        return t.dtype == tf.resource  # A function's captured variable handle.
+    if (depth >= _MAX_PARAMETER_DEPTH or not op.inputs or op.type.startswith(
+            ("Random", "StatelessRandom"))):
+        return False
+    return all(is_parameter_expression(i, depth + 1) for i in op.inputs)
+
+
 def is_constant_division(op: tf.Operation, is_data) -> bool:
-    """`x / c` with a constant divisor: the converter makes it MUL by 1/c."""
+    """`x / c` with a constant divisor, or one computed from constants and
+    variables (`is_parameter_expression`): the converter makes it MUL by 1/c."""
     if op.type not in ("RealDiv", "Div"):
         return False
     found = _one_data_input(op, is_data)
-    return (found is not None and found[0] == 0
-            and _broadcasts_into(found[1].shape, op.inputs[0].shape))
+    if found is not None:
+        return found[0] == 0 and _broadcasts_into(found[1].shape, op.inputs[0].shape)
+    x, c = op.inputs
+    return (is_data(x) and not is_data(c) and c.shape.is_fully_defined()
+            and is_parameter_expression(c) and _broadcasts_into(c.shape.as_list(), x.shape))
 
 
 def is_size_one_reduction(op: tf.Operation) -> bool:

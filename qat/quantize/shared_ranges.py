@@ -135,7 +135,10 @@ def plan_identity_rounding(planner, op: tf.Operation) -> None:
     out = op.outputs[0]
     if planner._plan(out, plan_graph.own_context(op), "identity_quant",  # pylint: disable=protected-access
                      source.init_min, planner.consumers(out), allow_unused=True):
-        planner.plans[out].shared = source
+        if source.fixed is not None:
+            planner.plans[out].fixed = source.fixed  # A softmax's grid, say: constant.
+        else:
+            planner.plans[out].shared = source
 
 
 def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
