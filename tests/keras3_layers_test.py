@@ -33,6 +33,7 @@ from absl.testing import parameterized
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
 from tensorflow.python.framework import convert_to_constants
 
 import qat
@@ -56,10 +57,23 @@ def _conv_bias(x):
 
 def _conv_bn(x):
     x = L.Conv2D(8, 3, use_bias=False, padding="same")(x)
-    x = L.ReLU()(L.BatchNormalization()(x))
+    # An explicit axis: Keras 3 reshapes the statistics to [1, 1, 1, c].
+    x = L.ReLU()(L.BatchNormalization(axis=3, epsilon=1.001e-5)(x))
     x = L.Conv2D(8, 3, dilation_rate=2, padding="same")(x)  # With a bias.
     x = L.BatchNormalization(center=False, scale=False, momentum=0.5)(x)
     return L.GlobalAveragePooling2D()(x)
+
+
+def _preactivation(x):
+    """Batch norms after no layer (ResNetV2, DenseNet): on the input, an add, a concat."""
+    x = L.BatchNormalization()(x)
+    a = L.Conv2D(8, 1)(x)
+    b = L.Conv2D(8, 3, padding="same", use_bias=False)(x)
+    b = L.Conv2D(8, 1)(L.ReLU()(L.BatchNormalization(axis=3, epsilon=1.001e-5)(b)))
+    y = L.ReLU()(L.BatchNormalization(momentum=0.5)(L.Add()([a, b])))
+    y = L.Concatenate()([y, L.Conv2D(4, 1)(y)])
+    y = L.BatchNormalization(center=False, scale=False)(y)
+    return L.GlobalAveragePooling2D()(L.Conv2D(8, 1)(y))
 
 
 def _grouped_conv(x):
@@ -195,6 +209,7 @@ def _encoder(ids):
 _CNN_CASES = [
     ("conv_bias", _conv_bias, _IMAGE),
     ("conv_batch_norm", _conv_bn, _IMAGE),
+    ("preactivation", _preactivation, _IMAGE),
     ("grouped_conv", _grouped_conv, _IMAGE),
     ("depthwise_separable", _depthwise_separable, _IMAGE),
     ("conv1d", _conv1d, _SEQUENCE),
@@ -263,6 +278,9 @@ class Keras3LayersTest(parameterized.TestCase):
 
     def setUp(self):
         super().setUp()
+        # Graph-mode test modules disable eager execution process-wide when
+        # pytest imports them into the same process: run eagerly regardless.
+        self.enter_context(context.eager_mode())
         keras.utils.set_random_seed(0)
 
     def assert_fully_integer(self, model, x=None):
@@ -326,6 +344,16 @@ class Keras3LayersTest(parameterized.TestCase):
         for old, w in zip(before, statistics):
             self.assertFalse(np.allclose(old, w.numpy()), w.path)
         self.assertEqual(qm.rewriter.left_float[True], [])
+
+    def test_batch_norm_after_no_layer_is_depthwise_in_eval(self):
+        """As a fused one: its output's range only, a 1x1 depthwise conv in eval."""
+        qm = self.assert_fully_integer(_model(_preactivation, _IMAGE))
+        names = qm.rewriter.quantizer_names
+        # The one a ReLU alone reads has its range after the ReLU (act_quant).
+        self.assertLen([n for n in names[True] if n.endswith("/batchnorm/bn_quant")], 2)
+        graph = qm.inference_function().graph
+        self.assertLen([op for op in graph.get_operations()
+                        if op.type == "DepthwiseConv2dNative"], 3)
 
     def test_layer_norm_centred(self):
         """x * inv + (-mean * inv + beta) becomes (x - mean) * inv * gamma + beta."""

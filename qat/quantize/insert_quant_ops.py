@@ -271,7 +271,7 @@ def quantize_graph(graph: tf.Graph, config: config_lib.RewriteConfig) -> Quantiz
             add(k)
     for bn in standalone:
         out = bn.outputs[0]
-        x = bn.inputs[0]
+        x = standalone_batch_norm.normalised_input(bn)
         x_ref = (quantized[x], x.dtype, x.shape) if x in quantized else None
         new = standalone_batch_norm.add_depthwise(
             rewrite, bn, config.conv_weights_per_channel(), x_ref)

@@ -110,6 +110,10 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         self.prefixes: Set[str] = set()
         self.weight_plans: Dict[object, Plan] = {}
         self.standalone_bns: List[tf.Operation] = []
+        # Final adds of standalone batch norms written as arithmetic.
+        self.unfused_batch_norms: Set[tf.Operation] = set()
+        # Statistics arithmetic of such batch norms -> their final add.
+        self.batch_norm_of: Dict[tf.Operation, tf.Operation] = {}
         # (tensor or op name, reason) for what the plan leaves in float.
         self.left_float: List[Tuple[str, str]] = []
         self._left: Set[str] = set()
@@ -219,7 +223,10 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
         preprocessing), so the range is named after the model op that reads
         it first, which both graphs share: `<reader scope>/input_quant`.
         """
-        readers = [r for r in self._final_readers(s) if r in self.inference_ops]
+        # A batch norm reads its input for statistics in training graphs
+        # only: it reads it where its final add is.
+        readers = [self.batch_norm_of.get(r, r) for r in self._final_readers(s)
+                   if r in self.inference_ops]
         readers = replicas_lib.behind_batch_splits(readers, self._final_readers)
         if not readers:
             return plan_graph.own_context(s.op)
@@ -369,7 +376,7 @@ class Planner(plan_structures.StructurePlanning, plan_weights.WeightPlanning,
             return  # An earlier call's quantizer (a second call): never a float layer.
         if marks.is_replaced(op):
             return  # Unconnected: a rewrite moved its consumers.
-        if (op.type in qp.BATCH_NORM_TYPES
+        if (op.type in qp.BATCH_NORM_TYPES or op in self.unfused_batch_norms
                 or (op.type in op_table.FUNCTIONAL_TYPES
                     and standalone_batch_norm.is_batch_norm_cond(
                         op, self.function_library()))):

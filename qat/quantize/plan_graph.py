@@ -188,6 +188,7 @@ class GraphView(object):
         self.model_ops = self._ancestors(self.layers)
         self.inference_ops = self._ancestors(self._inference_seeds())
         self.library = None
+        self._update_only = {}  # op -> feeds_only_state_updates(op)
 
     def _reaches_layer(self, op: tf.Operation) -> bool:
         reached = forward_closure([op]) - self.gradient_ops
@@ -273,7 +274,7 @@ class GraphView(object):
         The arithmetic of a moving average (Keras 3's `moving_mean * m +
         batch_mean * (1 - m)` before its AssignVariableOp): not model data.
         """
-        memo = self.__dict__.setdefault("_update_only", {})
+        memo = self._update_only
 
         def only_updates(o, depth=0):
             if o not in memo:

@@ -141,7 +141,9 @@ class StructurePlanning(object):
         offset`: in eval graphs inv and offset are constants, in training
         graphs they are computed from the batch's statistics (a reduction
         over the batch axis). Those computations get no range, as inside a
-        fused batch norm; `x * inv` and the output do, the same in training
+        fused batch norm. On a 4-D channels-last input it is then planned
+        as a fused one (`plan_standalone_batch_norm`: its input and output);
+        otherwise `x * inv` and the output get ranges, the same in training
         and eval graphs. Per-example statistics (a layer norm) are data in
         both and keep theirs.
 
@@ -169,7 +171,17 @@ class StructurePlanning(object):
             reductions = [o for o in arithmetic if o.type in op_table.REDUCTION_TYPES]
             if any(not _reduces_batch_axis(o) for o in reductions):
                 continue  # Per-example statistics: a layer norm.
-            self.interior.update(o for o in arithmetic if o in self.data_ops)
+            if standalone_batch_norm.unfused_parts(op) is not None:
+                # A 4-D one is a standalone batch norm as a fused one is:
+                # ranges on its input and output only (inside, a FakeQuant on
+                # x * inv would break the cancellation of the batch mean's
+                # gradient), a 1x1 depthwise conv in eval graphs.
+                arithmetic.add(match.get_op("scaled"))
+                self.unfused_batch_norms.add(op)
+            for o in arithmetic:
+                if o in self.data_ops:
+                    self.interior.add(o)
+                    self.batch_norm_of[o] = op
 
     def _revisit_deferred(self) -> None:
         """Visits again the ops whose inputs had no range yet.
