@@ -123,6 +123,9 @@ def _reads_variable(t: tf.Tensor, variable: tf.Tensor) -> bool:
     return False
 
 
+_RESHAPE_TYPES = ("Reshape", "Squeeze", "ExpandDims", "Identity")
+
+
 def _find_updates(statistic: tf.Tensor) -> List[Tuple[MovingAverageUpdate, Optional[tf.Tensor]]]:
     """Finds the update ops fed by a batch statistic.
 
@@ -131,8 +134,15 @@ def _find_updates(statistic: tf.Tensor) -> List[Tuple[MovingAverageUpdate, Optio
     in the moving-average formula), or None.
     """
     found = []
+    # The statistic may be a reshape of the one the update reads (Keras 3's
+    # BatchNormalization(axis=3) reshapes the squeezed batch mean to
+    # [1, 1, 1, c] to normalise; the update reads the squeezed one).
+    sources = [statistic]
+    while (sources[-1].op.type in _RESHAPE_TYPES and sources[-1].op.inputs
+           and len(sources) <= _MAX_UPDATE_DEPTH):
+        sources.append(sources[-1].op.inputs[0])
     # Each entry: (tensor, depth, Sub ops passed on the way).
-    stack = [(statistic, 0, ())]
+    stack = [(source, 0, ()) for source in sources]
     seen = set()
     while stack:
         tensor, depth, subs = stack.pop()

@@ -67,9 +67,10 @@ def inline_layer_calls(graph: tf.Graph) -> int:
     nodes = rewrite.nodes
     count = 0
     for call in calls:
-        layer = layer_patterns.called_layer(call, library)
-        if layer is None:
+        called = layer_patterns.called_layer(call, library)
+        if called is None:
             continue
+        layer = called.node
         scope = call.name.rpartition("/")[0]
         name = nodes.unique_name(f"{scope}/{layer.op}" if scope else layer.op)
         attrs = {key: value for key, value in layer.attr.items()
@@ -78,8 +79,12 @@ def inline_layer_calls(graph: tf.Graph) -> int:
             attrs["_XlaCompile"] = attr_value_pb2.AttrValue(b=True)
             attrs["_XlaSeparateCompiledGradients"] = attr_value_pb2.AttrValue(b=False)
             attrs["_XlaScope"] = attr_value_pb2.AttrValue(s=("qat_" + name).encode())
-        out = nodes.node(name, layer.op,
-                         [nodes.external(call.inputs[0]), nodes.external(call.inputs[1])],
+        weights = nodes.external(call.inputs[called.weights])
+        if called.read_dtype is not None:
+            # Keras 3 passes the variable's handle: read it here, as the body did.
+            weights = nodes.node(nodes.unique_name(name + "/ReadVariableOp"), "ReadVariableOp",
+                                 [weights], device=call.device, dtype=called.read_dtype)
+        out = nodes.node(name, layer.op, [nodes.external(call.inputs[called.data]), weights],
                          device=call.device, **attrs)
         rewrite.reroute_consumers(call.outputs[0], out, call.outputs[0].consumers())
         rewrite.set_attr(call, marks.REPLACED_BY_ATTR,

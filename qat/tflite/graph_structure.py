@@ -47,8 +47,9 @@ V1_CONTROL_FLOW_TYPES = frozenset(["Switch", "Merge", "Enter", "Exit", "NextIter
 
 
 def is_layer(op: tf.Operation) -> bool:
-    """A layer op: a conv, matmul or transposed conv, or an Einsum with weights."""
-    return op.type in LAYER_TYPES and (op.type not in layer_patterns.EINSUM_TYPES
+    """A layer op: a conv, matmul or transposed conv, or an Einsum or batch
+    matmul with weights."""
+    return op.type in LAYER_TYPES and (op.type not in layer_patterns.WEIGHTED_OPERAND_TYPES
                                        or layer_patterns.is_weighted_einsum(op))
 
 
