@@ -3,7 +3,7 @@
 tf_keras computes a grouped convolution (`Conv2D(groups=g)`, g > 1, also
 `groups == channels` as ConvNeXt writes its depthwise convolutions) as a call
 of an XLA-compiled function whose body is one Conv2D with weights
-[kh, kw, in / g, out] (`qat.matching.layer_patterns.called_layer`). Function
+[kh, kw, in / g, out] (`qat.matching.layer_calls.called_layer`). Function
 bodies are out of the passes' reach: the batch norm after the call was not
 folded and the weights stayed float. `inline_layer_calls` adds the body's
 Conv2D to the graph, reading the call's own inputs, and moves the call's
@@ -26,7 +26,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from qat.engine import marks
 from qat.engine import rewrite as rewrite_lib
-from qat.matching import layer_patterns
+from qat.matching import layer_calls
 
 
 def _library(graph: tf.Graph) -> Dict:
@@ -58,7 +58,7 @@ def inline_layer_calls(graph: tf.Graph) -> int:
         graph is then unchanged.
     """
     calls = [op for op in graph.get_operations()
-             if op.type in layer_patterns.LAYER_CALL_TYPES and not marks.is_replaced(op)
+             if op.type in layer_calls.LAYER_CALL_TYPES and not marks.is_replaced(op)
              and op.outputs and op.outputs[0].consumers()]
     if not calls:
         return 0
@@ -67,7 +67,7 @@ def inline_layer_calls(graph: tf.Graph) -> int:
     nodes = rewrite.nodes
     count = 0
     for call in calls:
-        called = layer_patterns.called_layer(call, library)
+        called = layer_calls.called_layer(call, library)
         if called is None:
             continue
         layer = called.node
