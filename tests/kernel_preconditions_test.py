@@ -16,6 +16,7 @@ eval graph whose ranges were learnt without the floors (an old checkpoint),
 naming the kernel, the ranges and the condition, before a Prepare failure
 or an abort.
 """
+import functools
 import os
 import tempfile
 
@@ -349,7 +350,7 @@ class TrainedRangesTest(parameterized.TestCase):
         # at 0.42 and 0.79 of the kernel's limit (W_in / 128, W_in about 14).
         for seed in range(_SEEDS):
             checkpoint = os.path.join(self._dir, "hswish_%d" % seed, "model")
-            builder = lambda seed=seed: _hard_swish_net(seed, bias=-9.0)  # pylint: disable=cell-var-from-loop
+            builder = functools.partial(_hard_swish_net, seed, bias=-9.0)
             _, violations = _train(builder, checkpoint, steps=3, seed=seed)
             self.assertEqual(violations, [], "seed %d, training graph:\n%s"
                              % (seed, _describe(violations)))
@@ -365,7 +366,8 @@ class SharedRangeTest(absltest.TestCase):
         # output: reading its updated value would be a cycle.
         def builder():
             x = _image_input()
-            a = tf1.layers.conv2d(x, 4, 1, name="a", bias_initializer=tf1.constant_initializer(-9.0))
+            a = tf1.layers.conv2d(x, 4, 1, name="a",
+                                  bias_initializer=tf1.constant_initializer(-9.0))
             with tf.name_scope("hswish"):
                 h = a * tf.nn.relu6(a + 3.0) * (1.0 / 6.0)
             c = tf.concat([a, tf1.layers.conv2d(h, 4, 1, name="b")], -1, name="cat")

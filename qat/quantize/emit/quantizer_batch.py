@@ -156,10 +156,11 @@ class QuantizerBatch(range_updates.RangeUpdates):
     def _variable(self, prefix, name, shape, init, collections) -> str:
         base = prefix + "/" + name
         shape = tf.TensorShape(shape)
-        init_value = self._shared_const(
-            "init", np.full(shape.as_list(), init, np.float32), tf.float32)
+        initial = np.full(shape.as_list(), init, np.float32)
+        init_value = self._shared_const("init", initial, tf.float32)
         self._rewrite.add_variable(self._variables_emitter.variable(
-            base, _FLOAT, shape, init_value, device=self._variable_device), collections)
+            base, _FLOAT, shape, init_value, device=self._variable_device,
+            initial_array=initial), collections)
         return base
 
     # --- Quantizers -----------------------------------------------------------
@@ -303,8 +304,9 @@ class QuantizerBatch(range_updates.RangeUpdates):
             device, variable_device = self._device, self._variable_device
             self._device, self._variable_device = spec.device, spec.variable_device
             collections = self._collections(spec)
-            self._declared[id(spec)] = (p, self._variable(p, "min", [], spec.init_min, collections),
-                                        self._variable(p, "max", [], spec.init_max, collections))
+            self._declared[id(spec)] = (
+                p, self._variable(p, "min", [], spec.init_min, collections),
+                self._variable(p, "max", [], spec.init_max, collections))
             self._device, self._variable_device = device, variable_device
         return self._declared[id(spec)][1:]
 
