@@ -346,8 +346,8 @@ class TrainedRangesTest(parameterized.TestCase):
     def test_hard_swish_of_mostly_negative_inputs_ten_seeds(self):
         # Issue #33: slim's mobilenet_v3_small was refused in one of two runs
         # (activations.cc:289). Without the floor all ten are refused in both
-        # flavours: eight learn the empty range's 0.01, two a live output range
-        # at 0.42 and 0.79 of the kernel's limit (W_in / 128, W_in about 14).
+        # flavours: five learn the empty range's 0.01 (0.09 of the kernel's
+        # limit W_in / 128, W_in about 14), five a live range at 0.31-0.92 of it.
         for seed in range(_SEEDS):
             checkpoint = os.path.join(self._dir, "hswish_%d" % seed, "model")
             builder = functools.partial(_hard_swish_net, seed, bias=-9.0)
