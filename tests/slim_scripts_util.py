@@ -1,11 +1,15 @@
-"""Writes a tiny ImageNet-format TFRecord dataset for tests/slim_scripts_test.py.
+"""The TFRecord dataset and the command runner of tests/slim_scripts_test.py.
 
 tf.Example protos with ImageNet's keys, as research/slim's
 build_imagenet_data.py wrote them: JPEG-encoded 32x32 RGB images, labels 1..4
 (0 is ImageNet's background class). Each class has its own colour and
 stripe orientation, so a few steps of training separate them.
 """
+import importlib.util
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -50,3 +54,181 @@ def write_dataset(dataset_dir: str, size: int = 32, seed: int = 0) -> None:
                     "image/width": _feature(size),
                 }))
                 writer.write(example.SerializeToString())
+
+
+# --- Running the scripts -----------------------------------------------------
+
+# The warm interpreter: TensorFlow, tf_keras, qat and TF's two tools imported
+# once (about 5 s a process on this machine); each command then runs in a
+# process forked from it, as `python script args` / `python -m module args`
+# would: its own sys.argv, flags, graphs and sessions, its `__main__`, its exit
+# status. tf_slim is not imported here: each script's install line enables it.
+_WARM_SOURCE = r'''
+import json, os, resource, runpy, sys, time, traceback
+import tensorflow, tf_keras, qat, qat.compat
+from tensorflow.lite.python import tflite_convert
+from tensorflow.python.tools import freeze_graph
+
+def _child(argv, log, cwd):
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.chdir(cwd)
+    code = 0
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1]] + argv[2:]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+for line in sys.stdin:
+    request = json.loads(line)
+    start = time.time()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child(request["argv"], request["log"], request["cwd"])
+        finally:
+            os._exit(1)
+    _, status, usage = os.wait4(pid, 0)
+    print(json.dumps({"rc": os.waitstatus_to_exitcode(status),
+                      "wall_s": time.time() - start,
+                      "cpu_s": usage.ru_utime + usage.ru_stime,
+                      "max_rss_mb": usage.ru_maxrss / 1024.0}), flush=True)
+'''
+
+
+class ScriptError(AssertionError):
+    """A command exited with a non-zero status; the message ends with its output."""
+
+
+class ScriptRunner:
+    """Runs research/slim's scripts and TF's tools, each in its own process.
+
+    The processes fork from one warm interpreter (started once, _WARM_SOURCE)
+    instead of importing TensorFlow each time; `run` returns the command's
+    output and records its wall and CPU seconds and peak memory in `timings`.
+    """
+
+    def __init__(self, pythonpath, workdir: str):
+        self.workdir = workdir
+        self.timings = []
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            list(pythonpath) + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["TF_USE_LEGACY_KERAS"] = "1"
+        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        self._count = 0
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _WARM_SOURCE], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=workdir,
+            text=True)
+
+    def run(self, args, label: str = "", timeout_s: float = 600.0) -> str:
+        """Runs `python *args`; raises ScriptError with the output on failure."""
+        self._count += 1
+        log = os.path.join(self.workdir, "command_%03d.log" % self._count)
+        request = {"argv": [str(a) for a in args], "log": log, "cwd": self.workdir}
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        reply = self._process.stdout.readline()
+        with open(log) as f:
+            output = f.read()
+        if not reply:
+            raise ScriptError(f"the warm interpreter died running {' '.join(args)}:\n"
+                              f"{output[-6000:]}")
+        result = json.loads(reply)
+        result["label"] = label or os.path.basename(str(args[1] if args[0] == "-m" else args[0]))
+        self.timings.append(result)
+        if result["rc"] != 0:
+            raise ScriptError(f"{' '.join(str(a) for a in args)} failed ({result['rc']}):\n"
+                              f"{output[-6000:]}")
+        del timeout_s
+        return output
+
+    def close(self):
+        if self._process.poll() is None:
+            self._process.stdin.close()
+            self._process.wait(timeout=60)
+
+
+def freeze(runner: ScriptRunner, graph_path: str, checkpoint: str, output: str,
+           frozen_path: str) -> tf.compat.v1.GraphDef:
+    """TF's freeze_graph tool, as users run it; returns the frozen GraphDef."""
+    runner.run(["-m", "tensorflow.python.tools.freeze_graph", f"--input_graph={graph_path}",
+                "--input_binary=true", f"--input_checkpoint={checkpoint}",
+                f"--output_graph={frozen_path}", f"--output_node_names={output}"],
+               label="freeze_graph")
+    frozen = tf.compat.v1.GraphDef()
+    with open(frozen_path, "rb") as f:
+        frozen.ParseFromString(f.read())
+    return frozen
+
+
+def convert_uint8(runner: ScriptRunner, frozen_path: str, tflite_path: str, output: str,
+                  image_size: int, mean: float, std: float) -> bytes:
+    """`tflite_convert --enable_v1_converter` with TF1's uint8 flags; returns the model."""
+    runner.run(["-m", "tensorflow.lite.python.tflite_convert", "--enable_v1_converter",
+                f"--graph_def_file={frozen_path}", f"--output_file={tflite_path}",
+                "--input_arrays=input", f"--output_arrays={output}",
+                f"--input_shapes=1,{image_size},{image_size},3",
+                "--inference_type=QUANTIZED_UINT8", f"--mean_values={mean}",
+                f"--std_dev_values={std}"], label="tflite_convert")
+    with open(tflite_path, "rb") as f:
+        return f.read()
+
+
+def strict_restore(graph_path: str, checkpoint: str) -> int:
+    """Restores every variable of the exported GraphDef from `checkpoint` with a plain Saver.
+
+    Returns the number of variables; raises NotFoundError naming the first
+    variable the checkpoint lacks.
+    """
+    tf1 = tf.compat.v1
+    graph_def = tf1.GraphDef()
+    with open(graph_path, "rb") as f:
+        graph_def.ParseFromString(f.read())
+    with tf.Graph().as_default() as graph:
+        tf1.import_graph_def(graph_def, name="")
+        variables = {op.name: op.outputs[0] for op in graph.get_operations()
+                     if op.type in ("VariableV2", "VarHandleOp")}
+        saver = tf1.train.Saver(variables)
+        with tf1.Session(graph=graph) as sess:
+            saver.restore(sess, checkpoint)
+    return len(variables)
+
+
+def _load_module(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def eval_images(dataset_dir: str, preprocessing_path: str, size: int, count: int) -> np.ndarray:
+    """The first `count` validation images through a preprocessing module's eval path."""
+    tf1 = tf.compat.v1
+    module = _load_module(preprocessing_path, "_slim_" + os.path.basename(preprocessing_path)[:-3])
+    path = os.path.join(dataset_dir, "validation-00000-of-00001")
+    encoded = [r.numpy() for r in tf.data.TFRecordDataset(path).take(count)]
+    images = []
+    with tf.Graph().as_default():
+        data = tf1.placeholder(tf.string, [])
+        example = tf1.parse_single_example(data, {"image/encoded": tf1.FixedLenFeature((), tf.string)})
+        image = tf.image.decode_jpeg(example["image/encoded"], channels=3)
+        processed = module.preprocess_image(image, size, size, is_training=False)
+        with tf1.Session() as sess:
+            for record in encoded:
+                images.append(sess.run(processed, {data: record}))
+    return np.stack(images).astype(np.float32)
