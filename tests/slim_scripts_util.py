@@ -135,7 +135,7 @@ class ScriptRunner:
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=workdir,
             text=True)
 
-    def run(self, args, label: str = "", timeout_s: float = 600.0) -> str:
+    def run(self, args, label: str = "") -> str:
         """Runs `python *args`; raises ScriptError with the output on failure."""
         self._count += 1
         log = os.path.join(self.workdir, "command_%03d.log" % self._count)
@@ -154,7 +154,6 @@ class ScriptRunner:
         if result["rc"] != 0:
             raise ScriptError(f"{' '.join(str(a) for a in args)} failed ({result['rc']}):\n"
                               f"{output[-6000:]}")
-        del timeout_s
         return output
 
     def close(self):
@@ -164,12 +163,14 @@ class ScriptRunner:
 
 
 def freeze(runner: ScriptRunner, graph_path: str, checkpoint: str, output: str,
-           frozen_path: str) -> tf.compat.v1.GraphDef:
-    """TF's freeze_graph tool, as users run it; returns the frozen GraphDef."""
+           frozen_path: str, load: bool = True):
+    """TF's freeze_graph tool, as users run it; returns the frozen GraphDef (None: not loaded)."""
     runner.run(["-m", "tensorflow.python.tools.freeze_graph", f"--input_graph={graph_path}",
                 "--input_binary=true", f"--input_checkpoint={checkpoint}",
                 f"--output_graph={frozen_path}", f"--output_node_names={output}"],
                label="freeze_graph")
+    if not load:
+        return None
     frozen = tf.compat.v1.GraphDef()
     with open(frozen_path, "rb") as f:
         frozen.ParseFromString(f.read())
@@ -232,3 +233,44 @@ def eval_images(dataset_dir: str, preprocessing_path: str, size: int, count: int
             for record in encoded:
                 images.append(sess.run(processed, {data: record}))
     return np.stack(images).astype(np.float32)
+
+
+# Given TFLite's own inputs, a uint8 kernel and the frozen graph differ only
+# where a value lies within float rounding of a rounding boundary: one step
+# (zoo_util.MAX_OWN_STEPS).
+MAX_OWN_STEPS = 1.0 + 1e-3
+
+
+def layer_agreement(model: bytes, frozen: tf.compat.v1.GraphDef, output: str,
+                    images: np.ndarray):
+    """qat.report's per-layer numerics of `model` against the frozen graph.
+
+    Returns (numerics, checked rows): the checked rows are the matched integer
+    TFLite tensors after the model input, each with `max_own_steps`, its
+    difference given TFLite's values of the rows before it.
+    """
+    from qat import report  # pylint: disable=g-import-not-at-top
+    numerics = report.layer_numerics(frozen, "input:0", [output], images, flavour="uint8",
+                                     model=model, batch_size=1)
+    checked = [r for r in numerics.rows
+               if r.tflite_tensor is not None and not np.isnan(r.max_own_steps)
+               and r.tflite_tensor != "input"]
+    return numerics, checked
+
+
+def hard_swish_margin(model: bytes) -> float:
+    """The smallest s_out / (s_in / 128) over the model's HARD_SWISH ops (inf: none).
+
+    TFLite's integer HARD_SWISH refuses to prepare unless it is above 1.
+    """
+    from qat.export.inspect import make_interpreter  # pylint: disable=g-import-not-at-top
+    interp = make_interpreter(model)
+    scales = {t["index"]: t["quantization"][0] for t in interp.get_tensor_details()}
+    margins = [scales[op["outputs"][0]] / (scales[op["inputs"][0]] / 128.0)
+               for op in interp._get_ops_details()  # pylint: disable=protected-access
+               if op["op_name"] == "HARD_SWISH" and scales[op["inputs"][0]] > 0]
+    return min(margins) if margins else float("inf")
+# Those one-step differences add up through a network, most where a layer's
+# gain is high: the zoo's bound end to end (zoo_util.MAX_DIFF_STEPS, ResNet50V2
+# measured at 13 steps), for the models' outputs against the frozen graph.
+MAX_DIFF_STEPS = 24.0

@@ -82,6 +82,7 @@ def expanded_conv(input_tensor,
     depthwise_kwargs['activation_fn'] = depthwise_activation_fn
   with tf.variable_scope(scope, default_name='expanded_conv') as s, \
        tf.name_scope(s.original_name_scope):
+    input_tensor = tf.identity(input_tensor, 'input')
     input_depth = _depth(input_tensor)
     inner_size = (expansion_size(num_inputs=input_depth)
                   if callable(expansion_size) else expansion_size)
