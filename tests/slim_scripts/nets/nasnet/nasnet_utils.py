@@ -1,12 +1,17 @@
 """NASNet-A cells, in the style of research/slim's nets/nasnet/nasnet_utils.py.
 
-A cell reads the two previous cells' outputs, brings both to its filter
-count (a factorized reduction when the older one is larger), and combines
+A cell reads the outputs of the two cells before it (hidden states 0 and 1),
+brings both to its filter count (a factorized reduction when the older one is
+twice as large, a 1x1 convolution when only the depth differs), and combines
 them in five blocks: each block applies an operation to each of two hidden
-states (stacked separable convolutions, 3x3 average or max pools, the
-identity) and adds the results. The outputs no block used are concatenated
-as the cell's output. Drop path scales each operation's output by a random
-0/1 per example during training.
+states (two stacked separable convolutions, a 3x3 average or max pool, or
+the identity) and adds the two results, giving a new hidden state. The
+hidden states are concatenated as the cell's output, but for those the
+cell type leaves out (the previous cell's output; for a reduction cell also its
+input and first block). During
+training, drop path zeroes an operation's output for whole examples, more
+often in later cells and later steps. The scope names are research/slim's,
+so its checkpoints' names are these.
 """
 import re
 
@@ -15,243 +20,183 @@ import tf_slim as slim
 
 DATA_FORMAT_NHWC = 'NHWC'
 
+# NASNet-A: per block (left operation, right operation, left input, right
+# input), and the hidden states left out of the cell's output.
+_NORMAL_BLOCKS = (
+    ('separable_5x5_2', 'separable_3x3_2', 0, 1),
+    ('separable_5x5_2', 'separable_3x3_2', 1, 1),
+    ('avg_pool_3x3', 'none', 0, 1),
+    ('avg_pool_3x3', 'avg_pool_3x3', 1, 1),
+    ('separable_3x3_2', 'none', 0, 0),
+)
+_NORMAL_LEFT_OUT = (0,)
+_REDUCTION_BLOCKS = (
+    ('separable_5x5_2', 'separable_7x7_2', 0, 1),
+    ('max_pool_3x3', 'separable_7x7_2', 0, 1),
+    ('avg_pool_3x3', 'separable_5x5_2', 0, 1),
+    ('none', 'avg_pool_3x3', 3, 2),
+    ('separable_3x3_2', 'max_pool_3x3', 2, 0),
+)
+_REDUCTION_LEFT_OUT = (0, 1, 2)
+
 
 def calc_reduction_layers(num_cells, num_reduction_layers):
-  """The cell indices after which a reduction cell comes."""
-  return [int(float(i) / (num_reduction_layers + 1) * num_cells)
-          for i in range(1, num_reduction_layers + 1)]
+  """The cell numbers before which a reduction cell comes, evenly spread."""
+  return [int(num_cells * k / (num_reduction_layers + 1))
+          for k in range(1, num_reduction_layers + 1)]
 
 
 def global_avg_pool(x, data_format=DATA_FORMAT_NHWC):
-  assert data_format == DATA_FORMAT_NHWC
+  if data_format != DATA_FORMAT_NHWC:
+    raise ValueError('only NHWC here')
   return tf.reduce_mean(x, [1, 2])
 
 
 def factorized_reduction(net, output_filters, stride,
                          data_format=DATA_FORMAT_NHWC):
-  """Halves the map with two 1x1 paths on offset pixels, concatenated."""
-  assert data_format == DATA_FORMAT_NHWC
+  """Halves the map: two strided 1x1 paths, the second shifted one pixel."""
+  if data_format != DATA_FORMAT_NHWC:
+    raise ValueError('only NHWC here')
   if stride == 1:
     net = slim.conv2d(net, output_filters, 1, scope='path_conv')
     return slim.batch_norm(net, scope='path_bn')
-  stride_spec = [1, stride, stride, 1]
-  path1 = tf.nn.avg_pool2d(net, [1, 1, 1, 1], stride_spec, 'VALID')
-  path1 = slim.conv2d(path1, int(output_filters / 2), 1, scope='path1_conv')
-  # The second path reads the pixels one down and one right.
-  path2 = tf.pad(net, [[0, 0], [0, 1], [0, 1], [0, 0]])[:, 1:, 1:, :]
-  path2 = tf.nn.avg_pool2d(path2, [1, 1, 1, 1], stride_spec, 'VALID')
-  path2 = slim.conv2d(path2, int(output_filters / 2), 1, scope='path2_conv')
-  net = tf.concat(values=[path1, path2], axis=3)
-  return slim.batch_norm(net, scope='final_path_bn')
+  half = int(output_filters / 2)
+  strides = [1, stride, stride, 1]
+  path1 = slim.conv2d(tf.nn.avg_pool2d(net, 1, strides, 'VALID'), half, 1,
+                      scope='path1_conv')
+  shifted = tf.pad(net, [[0, 0], [0, 1], [0, 1], [0, 0]])[:, 1:, 1:, :]
+  path2 = slim.conv2d(tf.nn.avg_pool2d(shifted, 1, strides, 'VALID'), half, 1,
+                      scope='path2_conv')
+  return slim.batch_norm(tf.concat([path1, path2], axis=3),
+                         scope='final_path_bn')
 
 
 @slim.add_arg_scope
 def drop_path(net, keep_prob, is_training=True):
-  """Zeroes whole examples with probability 1 - keep_prob (training only)."""
-  if is_training:
-    batch_size = tf.shape(net)[0]
-    noise_shape = [batch_size, 1, 1, 1]
-    random_tensor = keep_prob
-    random_tensor += tf.random_uniform(noise_shape, dtype=tf.float32)
-    binary_tensor = tf.cast(tf.floor(random_tensor), net.dtype)
-    keep_prob_inv = tf.cast(1.0 / keep_prob, net.dtype)
-    net = net * keep_prob_inv * binary_tensor
-  return net
+  """Keeps each example's `net` with probability keep_prob, scaled by 1/keep_prob."""
+  if not is_training:
+    return net
+  mask_shape = [tf.shape(net)[0], 1, 1, 1]
+  kept = tf.floor(keep_prob + tf.random_uniform(mask_shape, dtype=tf.float32))
+  return net * tf.cast(1.0 / keep_prob, net.dtype) * tf.cast(kept, net.dtype)
 
 
-def _operation_to_filter_shape(operation):
-  """'separable_5x5_2' and 'avg_pool_3x3' -> 5 and 3."""
+def _kernel_size(operation):
+  """'separable_5x5_2' -> 5; 'avg_pool_3x3' -> 3."""
   return int(re.search(r'(\d+)x\d+', operation).group(1))
 
 
-def _operation_to_num_layers(operation):
-  """'separable_5x5_2' -> 2."""
-  parts = operation.split('_')
-  return int(parts[-1]) if parts[-1].isdigit() and len(parts) > 2 else 1
-
-
-def _stacked_separable_conv(net, stride, operation, filter_size,
-                            use_bounded_activation):
-  """ReLU, separable conv, batch norm; num_layers times (stride on the first)."""
-  activation_fn = tf.nn.relu6 if use_bounded_activation else tf.nn.relu
-  num_layers = _operation_to_num_layers(operation)
-  kernel_size = _operation_to_filter_shape(operation)
-  for layer_num in range(num_layers):
-    net = activation_fn(net)
-    net = slim.separable_conv2d(
-        net, filter_size, kernel_size, depth_multiplier=1,
-        scope='separable_{0}x{0}_{1}'.format(kernel_size, layer_num + 1),
-        stride=stride)
-    net = slim.batch_norm(
-        net, scope='bn_sep_{0}x{0}_{1}'.format(kernel_size, layer_num + 1))
-    stride = 1
-  return net
-
-
-def _pooling(net, stride, operation, use_bounded_activation):
-  """A 3x3 average or max pool, SAME."""
-  if use_bounded_activation:
-    net = tf.nn.relu6(net)
-  kernel = _operation_to_filter_shape(operation)
-  if operation.startswith('avg_pool'):
-    return slim.avg_pool2d(net, kernel, stride=stride, padding='SAME')
-  if operation.startswith('max_pool'):
-    return slim.max_pool2d(net, kernel, stride=stride, padding='SAME')
-  raise NotImplementedError('Unimplemented pooling type: ', operation)
+def _activation(use_bounded_activation):
+  return tf.nn.relu6 if use_bounded_activation else tf.nn.relu
 
 
 class NasNetABaseCell(object):
-  """A NASNet cell: five blocks of two operations each, then a concatenation."""
+  """A NASNet-A cell: five (left op, right op, left, right) blocks, and the
+  hidden states its output leaves out."""
 
-  def __init__(self, num_conv_filters, operations, used_hiddenstates,
-               hiddenstate_indices, drop_path_keep_prob, total_num_cells,
-               total_training_steps, use_bounded_activation=False):
+  def __init__(self, num_conv_filters, blocks, left_out, drop_path_keep_prob,
+               total_num_cells, total_training_steps,
+               use_bounded_activation=False):
     self._num_conv_filters = num_conv_filters
-    self._operations = operations
-    self._used_hiddenstates = used_hiddenstates
-    self._hiddenstate_indices = hiddenstate_indices
+    self._blocks = blocks
+    self._left_out = set(left_out)
     self._drop_path_keep_prob = drop_path_keep_prob
     self._total_num_cells = total_num_cells
     self._total_training_steps = total_training_steps
-    self._use_bounded_activation = use_bounded_activation
-
-  def _reduce_prev_layer(self, prev_layer, curr_layer):
-    """Brings prev_layer to curr_layer's size and the cell's filter count."""
-    if prev_layer is None:
-      return curr_layer
-    curr_num_filters = self._filter_size
-    prev_num_filters = prev_layer.shape[3]
-    curr_size = curr_layer.shape[2]
-    prev_size = prev_layer.shape[2]
-    activation_fn = tf.nn.relu6 if self._use_bounded_activation else tf.nn.relu
-    if curr_size != prev_size:
-      prev_layer = activation_fn(prev_layer)
-      prev_layer = factorized_reduction(prev_layer, curr_num_filters, stride=2)
-    elif curr_num_filters != prev_num_filters:
-      prev_layer = activation_fn(prev_layer)
-      prev_layer = slim.conv2d(prev_layer, curr_num_filters, 1,
-                               scope='prev_1x1')
-      prev_layer = slim.batch_norm(prev_layer, scope='prev_bn')
-    return prev_layer
-
-  def _cell_base(self, net, prev_layer):
-    """The two hidden states the blocks start from: [prev, current]."""
-    num_filters = self._filter_size
-    prev_layer = self._reduce_prev_layer(prev_layer, net)
-    net = tf.nn.relu6(net) if self._use_bounded_activation else tf.nn.relu(net)
-    net = slim.conv2d(net, num_filters, 1, scope='1x1')
-    net = slim.batch_norm(net, scope='beginning_bn')
-    return [prev_layer, net]
+    self._act = _activation(use_bounded_activation)
+    self._bounded = use_bounded_activation
 
   def __call__(self, net, scope=None, filter_scaling=1, stride=1,
                prev_layer=None, cell_num=-1, current_step=None):
-    """Runs the cell; returns its output."""
-    self._filter_scaling = filter_scaling
-    self._filter_size = int(self._num_conv_filters * filter_scaling)
+    """The cell's output: its hidden states but those left out, concatenated."""
+    self._filters = int(self._num_conv_filters * filter_scaling)
     self._cell_num = cell_num
     with tf.variable_scope(scope):
-      net = self._cell_base(net, prev_layer)
-      for i in range(5):
+      states = self._starting_states(net, prev_layer)
+      for i, (left_op, right_op, left, right) in enumerate(self._blocks):
         with tf.variable_scope('comb_iter_{}'.format(i)):
-          left_hiddenstate_idx, right_hiddenstate_idx = (
-              self._hiddenstate_indices[i * 2],
-              self._hiddenstate_indices[i * 2 + 1])
-          original_input_left = left_hiddenstate_idx < 2
-          original_input_right = right_hiddenstate_idx < 2
-          h1 = net[left_hiddenstate_idx]
-          h2 = net[right_hiddenstate_idx]
           with tf.variable_scope('left'):
-            h1 = self._apply_conv_operation(
-                h1, self._operations[i * 2], stride, original_input_left,
-                current_step)
+            h1 = self._operation(states[left], left_op,
+                                 stride if left < 2 else 1, current_step)
           with tf.variable_scope('right'):
-            h2 = self._apply_conv_operation(
-                h2, self._operations[i * 2 + 1], stride, original_input_right,
-                current_step)
+            h2 = self._operation(states[right], right_op,
+                                 stride if right < 2 else 1, current_step)
           with tf.variable_scope('combine'):
             h = h1 + h2
-            if self._use_bounded_activation:
-              h = tf.nn.relu6(h)
-          net.append(h)
+            states.append(tf.nn.relu6(h) if self._bounded else h)
       with tf.variable_scope('cell_output'):
-        net = self._combine_unused_states(net)
-      return net
+        return self._concat_unread(states)
 
-  def _apply_conv_operation(self, net, operation, stride,
-                            is_from_original_input, current_step):
-    """One block input's operation (stride only on the cell's inputs)."""
-    if stride > 1 and not is_from_original_input:
-      stride = 1
-    input_filters = net.shape[3]
-    filter_size = self._filter_size
-    if 'separable' in operation:
-      net = _stacked_separable_conv(net, stride, operation, filter_size,
-                                    self._use_bounded_activation)
-      if self._use_bounded_activation:
-        net = tf.clip_by_value(net, -6.0, 6.0)
+  def _starting_states(self, net, prev_layer):
+    """[previous cell's output, this cell's input], both at the cell's size and depth."""
+    if prev_layer is None:
+      prev_layer = net
+    elif prev_layer.shape[2] != net.shape[2]:
+      prev_layer = factorized_reduction(self._act(prev_layer), self._filters, 2)
+    elif prev_layer.shape[3] != self._filters:
+      prev_layer = slim.conv2d(self._act(prev_layer), self._filters, 1,
+                               scope='prev_1x1')
+      prev_layer = slim.batch_norm(prev_layer, scope='prev_bn')
+    net = slim.conv2d(self._act(net), self._filters, 1, scope='1x1')
+    net = slim.batch_norm(net, scope='beginning_bn')
+    return [prev_layer, net]
+
+  def _operation(self, net, operation, stride, current_step):
+    """One of a block's two operations; drop path on all but the identity."""
+    if operation.startswith('separable'):
+      kernel = _kernel_size(operation)
+      for layer in range(int(operation.rsplit('_', 1)[1])):
+        net = slim.separable_conv2d(
+            self._act(net), self._filters, kernel, depth_multiplier=1,
+            stride=stride if layer == 0 else 1,
+            scope='separable_{0}x{0}_{1}'.format(kernel, layer + 1))
+        net = slim.batch_norm(
+            net, scope='bn_sep_{0}x{0}_{1}'.format(kernel, layer + 1))
     elif operation == 'none':
-      if stride > 1 or input_filters != filter_size:
-        net = tf.nn.relu6(net) if self._use_bounded_activation else \
-            tf.nn.relu(net)
-        net = slim.conv2d(net, filter_size, 1, stride=stride, scope='1x1')
+      if stride > 1 or net.shape[3] != self._filters:
+        net = slim.conv2d(self._act(net), self._filters, 1, stride=stride,
+                          scope='1x1')
         net = slim.batch_norm(net, scope='bn_1')
-        if self._use_bounded_activation:
-          net = tf.clip_by_value(net, -6.0, 6.0)
+      return net
     elif 'pool' in operation:
-      net = _pooling(net, stride, operation, self._use_bounded_activation)
-      if input_filters != filter_size:
-        net = slim.conv2d(net, filter_size, 1, stride=1, scope='1x1')
+      pool = slim.avg_pool2d if operation.startswith('avg') else slim.max_pool2d
+      if self._bounded:
+        net = tf.nn.relu6(net)
+      net = pool(net, _kernel_size(operation), stride=stride, padding='SAME')
+      if net.shape[3] != self._filters:
+        net = slim.conv2d(net, self._filters, 1, scope='1x1')
         net = slim.batch_norm(net, scope='bn_1')
-      if self._use_bounded_activation:
-        net = tf.clip_by_value(net, -6.0, 6.0)
     else:
       raise ValueError('Unimplemented operation', operation)
+    if self._bounded:
+      net = tf.clip_by_value(net, -6.0, 6.0)
+    return self._drop_path(net, current_step)
 
-    if operation != 'none':
-      net = self._apply_drop_path(net, current_step=current_step)
-    return net
+  def _drop_path(self, net, current_step):
+    """drop_path with a keep probability falling with depth and with the step."""
+    if self._drop_path_keep_prob >= 1.0:
+      return net
+    depth_ratio = (self._cell_num + 1) / float(self._total_num_cells)
+    if current_step is None:
+      current_step = tf.train.get_or_create_global_step()
+    step_ratio = tf.minimum(
+        1.0, tf.cast(current_step, tf.float32) / self._total_training_steps)
+    keep_prob = 1 - depth_ratio * step_ratio * (1 - self._drop_path_keep_prob)
+    return drop_path(net, keep_prob)
 
-  def _combine_unused_states(self, net):
-    """Concatenates the hidden states no block read, at the smallest size."""
-    used_hiddenstates = self._used_hiddenstates
-    final_height = int(net[-1].shape[2])
-    final_num_filters = int(net[-1].shape[3])
-    assert len(used_hiddenstates) == len(net)
-    for idx, used_h in enumerate(used_hiddenstates):
-      curr_height = int(net[idx].shape[2])
-      curr_num_filters = int(net[idx].shape[3])
-      # A larger unused state (the previous cell's, next to a reduction)
-      # is reduced to the final size.
-      should_reduce = final_num_filters != curr_num_filters
-      should_reduce = (final_height != curr_height) or should_reduce
-      should_reduce = should_reduce and not used_h
-      if should_reduce:
-        stride = 2 if final_height != curr_height else 1
-        with tf.variable_scope('reduction_{}'.format(idx)):
-          net[idx] = factorized_reduction(net[idx], final_num_filters, stride)
-    states_to_combine = [h for h, is_used in zip(net, used_hiddenstates)
-                         if not is_used]
-    return tf.concat(values=states_to_combine, axis=3)
-
-  @slim.add_arg_scope
-  def _apply_drop_path(self, net, current_step=None,
-                       use_summaries=False, drop_connect_version='v3'):
-    """Drop path, its rate growing with the cell's depth and the step."""
-    drop_path_keep_prob = self._drop_path_keep_prob
-    if drop_path_keep_prob < 1.0:
-      assert drop_connect_version in ['v1', 'v2', 'v3']
-      if drop_connect_version in ['v2', 'v3']:
-        layer_ratio = (self._cell_num + 1) / float(self._total_num_cells)
-        drop_path_keep_prob = 1 - layer_ratio * (1 - drop_path_keep_prob)
-      if drop_connect_version in ['v1', 'v3']:
-        if current_step is None:
-          current_step = tf.train.get_or_create_global_step()
-        current_ratio = tf.minimum(
-            1.0, tf.cast(current_step, tf.float32) /
-            self._total_training_steps)
-        drop_path_keep_prob = 1 - current_ratio * (1 - drop_path_keep_prob)
-      net = drop_path(net, drop_path_keep_prob)
-    return net
+  def _concat_unread(self, states):
+    """The states not left out, each at the last one's size, concatenated."""
+    height, depth = int(states[-1].shape[2]), int(states[-1].shape[3])
+    outputs = []
+    for i, state in enumerate(states):
+      if i in self._left_out:
+        continue
+      if int(state.shape[2]) != height or int(state.shape[3]) != depth:
+        with tf.variable_scope('reduction_{}'.format(i)):
+          state = factorized_reduction(
+              state, depth, 2 if int(state.shape[2]) != height else 1)
+      outputs.append(state)
+    return tf.concat(outputs, axis=3)
 
 
 class NasNetANormalCell(NasNetABaseCell):
@@ -259,28 +204,17 @@ class NasNetANormalCell(NasNetABaseCell):
 
   def __init__(self, num_conv_filters, drop_path_keep_prob, total_num_cells,
                total_training_steps, use_bounded_activation=False):
-    operations = ['separable_5x5_2', 'separable_3x3_2', 'separable_5x5_2',
-                  'separable_3x3_2', 'avg_pool_3x3', 'none', 'avg_pool_3x3',
-                  'avg_pool_3x3', 'separable_3x3_2', 'none']
-    used_hiddenstates = [1, 0, 0, 0, 0, 0, 0]
-    hiddenstate_indices = [0, 1, 1, 1, 0, 1, 1, 1, 0, 0]
     super(NasNetANormalCell, self).__init__(
-        num_conv_filters, operations, used_hiddenstates, hiddenstate_indices,
-        drop_path_keep_prob, total_num_cells, total_training_steps,
-        use_bounded_activation)
+        num_conv_filters, _NORMAL_BLOCKS, _NORMAL_LEFT_OUT, drop_path_keep_prob,
+        total_num_cells, total_training_steps, use_bounded_activation)
 
 
 class NasNetAReductionCell(NasNetABaseCell):
-  """NASNet-A's reduction cell (stride 2)."""
+  """NASNet-A's reduction cell (its operations on the inputs have stride 2)."""
 
   def __init__(self, num_conv_filters, drop_path_keep_prob, total_num_cells,
                total_training_steps, use_bounded_activation=False):
-    operations = ['separable_5x5_2', 'separable_7x7_2', 'max_pool_3x3',
-                  'separable_7x7_2', 'avg_pool_3x3', 'separable_5x5_2',
-                  'none', 'avg_pool_3x3', 'separable_3x3_2', 'max_pool_3x3']
-    used_hiddenstates = [1, 1, 1, 0, 0, 0, 0]
-    hiddenstate_indices = [0, 1, 0, 1, 0, 1, 3, 2, 2, 0]
     super(NasNetAReductionCell, self).__init__(
-        num_conv_filters, operations, used_hiddenstates, hiddenstate_indices,
-        drop_path_keep_prob, total_num_cells, total_training_steps,
-        use_bounded_activation)
+        num_conv_filters, _REDUCTION_BLOCKS, _REDUCTION_LEFT_OUT,
+        drop_path_keep_prob,
+        total_num_cells, total_training_steps, use_bounded_activation)
