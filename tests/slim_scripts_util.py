@@ -130,10 +130,11 @@ class ScriptRunner:
         env["TF_USE_LEGACY_KERAS"] = "1"
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
         self._count = 0
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _WARM_SOURCE], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=workdir,
-            text=True)
+        self._log = os.path.join(workdir, "warm_interpreter.log")
+        with open(self._log, "w") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _WARM_SOURCE], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=log, env=env, cwd=workdir, text=True)
 
     def run(self, args, label: str = "") -> str:
         """Runs `python *args`; raises ScriptError with the output on failure."""
@@ -143,11 +144,15 @@ class ScriptRunner:
         self._process.stdin.write(json.dumps(request) + "\n")
         self._process.stdin.flush()
         reply = self._process.stdout.readline()
-        with open(log) as f:
-            output = f.read()
+        output = ""
+        if os.path.exists(log):
+            with open(log) as f:
+                output = f.read()
         if not reply:
+            with open(self._log) as f:
+                warm = f.read()
             raise ScriptError(f"the warm interpreter died running {' '.join(args)}:\n"
-                              f"{output[-6000:]}")
+                              f"{output[-3000:]}\n{warm[-3000:]}")
         result = json.loads(reply)
         result["label"] = label or os.path.basename(str(args[1] if args[0] == "-m" else args[0]))
         self.timings.append(result)
@@ -274,3 +279,28 @@ def hard_swish_margin(model: bytes) -> float:
 # gain is high: the zoo's bound end to end (zoo_util.MAX_DIFF_STEPS, ResNet50V2
 # measured at 13 steps), for the models' outputs against the frozen graph.
 MAX_DIFF_STEPS = 24.0
+
+
+def coarse_accumulator_tensors(model: bytes) -> dict:
+    """{TFLite output tensor: s_in * s_w / s_out} of the layers where that exceeds 1.
+
+    There one step of the int32 accumulator (its bias included, which TFLite
+    rounds to that step and the eval graph adds in float) is more than one
+    output step, so the layer cannot agree within a step given TFLite's
+    inputs. It happens after a few steps of training, where the eval graph
+    folds batch norms with moving statistics that are still near their
+    initial values (ResNet v1 50's conv1, 148 here) while the ranges were
+    learned on the batch statistics.
+    """
+    from qat.export.inspect import make_interpreter  # pylint: disable=g-import-not-at-top
+    interp = make_interpreter(model)
+    details = {t["index"]: t for t in interp.get_tensor_details()}
+    found = {}
+    for op in interp._get_ops_details():  # pylint: disable=protected-access
+        if op["op_name"] not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
+            continue
+        s_in, s_w, s_out = (details[i]["quantization"][0]
+                            for i in (op["inputs"][0], op["inputs"][1], op["outputs"][0]))
+        if s_out > 0 and s_in * s_w / s_out > 1.0:
+            found[details[op["outputs"][0]]["name"]] = s_in * s_w / s_out
+    return found
