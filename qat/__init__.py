@@ -24,6 +24,7 @@ from qat.api import experimental_create_eval_graph
 from qat.api import experimental_create_training_graph
 from qat.api import fold_batch_norms
 from qat.api import insert_quant_ops
+from qat.tf2 import quantize_model
 
 __all__ = [
     "__version__",
@@ -36,4 +37,5 @@ __all__ = [
     "experimental_create_eval_graph",
     "fold_batch_norms",
     "insert_quant_ops",
+    "quantize_model",
 ]

@@ -12,6 +12,7 @@ the batch norms, `qat.quantize.plan` decides the quantizers and
 `qat.quantize.emit` builds them, with `qat.distribute` filling the planner's
 and the emitter's replication hook.
 """
+import dataclasses
 from typing import Optional
 
 import tensorflow as tf
@@ -22,29 +23,54 @@ from qat.engine import config as config_lib
 from qat.engine import preconditions
 from qat.fold import fold_batch_norms as fold_lib
 from qat.quantize import plan as plan_lib
+from qat.quantize.plan.replication import Replication
 from qat.quantize.emit import insert_quant_ops as emit_lib
+
+
+@dataclasses.dataclass
+class RewriteResult:
+    """What one rewrite of a graph did: the fold's and the quantize pass's results."""
+    fold: fold_lib.FoldResult
+    quantize: emit_lib.QuantizeResult
+
+
+def rewrite_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
+                  replication: Replication = DATA_PARALLEL) -> RewriteResult:
+    """Every stage, in order, on a resolved graph with a validated configuration.
+
+    The frontends' common entry: `create_*_graph` on a tf.compat.v1 graph, and
+    `qat.quantize_model` on the graph of a tf.function being traced.
+
+    Args:
+      graph: the graph to rewrite.
+      config: the validated settings.
+      replication: how replicas share ranges (`qat.distribute.DataParallel`:
+        replicas in one graph, workers of a strategy).
+
+    Raises:
+      ValueError: optimizer ops in the graph, or an earlier rewrite with
+        other settings; the graph is then unchanged.
+    """
+    # Refuse before the fold pass edits anything.
+    preconditions.check_no_optimizer_ops(graph)
+    preconditions.check_previous_rewrite(graph, "fold", fold_lib.fold_record(config))
+    preconditions.check_previous_rewrite(graph, "quantize", emit_lib.quantize_record(config))
+    with graph.as_default():
+        prepare.prepare_graph(graph)
+        folded = fold_lib.fold_graph(graph, config)
+        planned = plan_lib.plan_quantizers(graph, config, replication)
+        return RewriteResult(folded, emit_lib.emit_quantizers(graph, config, planned,
+                                                              replication))
 
 
 def _create_graph(input_graph: Optional[tf.Graph], caller: str,
                   **settings) -> None:
     graph = preconditions.resolve_graph(input_graph, caller)
     config = config_lib.RewriteConfig(**settings)
-    # Refuse before the fold pass edits anything.
     preconditions.check_no_optimizer_ops(graph)
-    preconditions.check_previous_rewrite(graph, "fold", fold_lib.fold_record(config))
-    preconditions.check_previous_rewrite(graph, "quantize", emit_lib.quantize_record(config))
     if config.is_training:
         preconditions.warn_existing_gradients(graph)
-    with graph.as_default():
-        prepare.prepare_graph(graph)
-        fold_lib.fold_graph(graph, config)
-        _quantize(graph, config)
-
-
-def _quantize(graph: tf.Graph, config: config_lib.RewriteConfig) -> emit_lib.QuantizeResult:
-    """The quantize pass on a prepared graph: plan, then build, replicas sharing ranges."""
-    planned = plan_lib.plan_quantizers(graph, config, DATA_PARALLEL)
-    return emit_lib.emit_quantizers(graph, config, planned, DATA_PARALLEL)
+    rewrite_graph(graph, config)
 
 
 def create_training_graph(input_graph: Optional[tf.Graph] = None,
@@ -287,4 +313,5 @@ def insert_quant_ops(graph: Optional[tf.Graph] = None,
     # Refuse a graph quantized with other settings before anything is edited.
     preconditions.check_previous_rewrite(graph, "quantize", emit_lib.quantize_record(config))
     prepare.layer_calls.inline_layer_calls(graph)  # tf_keras's grouped convs.
-    return _quantize(graph, config)
+    planned = plan_lib.plan_quantizers(graph, config, DATA_PARALLEL)
+    return emit_lib.emit_quantizers(graph, config, planned, DATA_PARALLEL)

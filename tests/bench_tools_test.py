@@ -52,6 +52,15 @@ class BenchRewriteTest(absltest.TestCase):
         self.assertGreaterEqual(float(network["peak_added_MB"]), 0.0)
 
 
+class BenchQuantizeModelTest(absltest.TestCase):
+
+    def test_rewrite_and_step_figures(self):
+        out = _run("bench_quantize_model.py", "--rewrites=1", "--rounds=2",
+                   "--steps_per_round=1", "--batch_size=2")
+        self.assertRegex(out, r"quantize_model: \d+\.\d{3} s .* its rewrite .*: \d+\.\d{3} s")
+        self.assertRegex(out, r"QAT / float \d+\.\d{3} \(quartiles")
+
+
 class BenchTrainStepTest(absltest.TestCase):
 
     def test_every_variant_is_timed(self):

@@ -70,6 +70,13 @@ _EPILOGUES = {
             except (ImportError, AttributeError) as _e:
                 assert "qat.compat provides only" in str(_e), str(_e)
     """,
+    "docs/tf2_models.md": """
+        for _exported in (keras_int8, loop_int8, module_int8, replicated_int8):
+            assert _exported.parity.top1_agreement >= 0.99, _exported.parity.format()
+            assert not export.find_float_ops(_exported.report), _exported.path
+        assert isinstance(qm, keras.Model) and isinstance(qtiny, qat.tf2.QuantizedModule)
+        assert [id(v) for v in qnet.trainable_variables] == [id(v) for v in net.trainable_variables]
+    """,
     "docs/distributed_training.md": """
         qat_variables = [v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
                          if "quant" in v.op.name or v.op.name == "fake_quantization_step"]

@@ -29,6 +29,7 @@ from ai_edge_litert.interpreter import Interpreter  # pylint: disable=g-import-n
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 from qat.engine import marks  # pylint: disable=g-import-not-at-top
+from qat.matching import layer_calls  # pylint: disable=g-import-not-at-top
 from qat.matching import layer_patterns  # pylint: disable=g-import-not-at-top
 import zoo_test  # pylint: disable=g-import-not-at-top
 import zoo_util  # pylint: disable=g-import-not-at-top
@@ -81,7 +82,7 @@ class GroupedConvTest(zoo_test.ZooChecks, parameterized.TestCase):
         g, x, y = _build(training)
         with g.as_default():
             calls = [op for op in g.get_operations()
-                     if op.type in layer_patterns.LAYER_CALL_TYPES]
+                     if op.type in layer_calls.LAYER_CALL_TYPES]
             self.assertLen(calls, len(_GROUPED_LAYERS))
             fold = qat.fold_batch_norms(g, is_training=training)
             self.assertEmpty(fold.skipped)
@@ -171,7 +172,7 @@ class GroupedConvTest(zoo_test.ZooChecks, parameterized.TestCase):
         self.assertTrue(quantized.type.startswith("FakeQuant"), quantized.type)
         self.assertIs(quantized.inputs[0].op, inlined[0])
         self.assertIn(g.get_operation_by_name("b").inputs[0].op.type,
-                      layer_patterns.LAYER_CALL_TYPES)
+                      layer_calls.LAYER_CALL_TYPES)
         self.assertEqual([item.name.rpartition("/")[2] for item in result.left_float],
                          ["inner_conv_relu"])
 

@@ -25,17 +25,26 @@ restore into the other.
 `qat.engine.node_batch.NodeBatch` and returns `VariableDef`s, which
 `qat.engine.rewrite.Rewrite.add_variable` wraps in the matching `tf.Variable`
 class after the import.
+
+The graph of a `tf.function` gets neither: its variables are made once,
+eagerly, by the rewrite's `qat.engine.function_graphs.VariableStore`
+(`CAPTURED`), and the graph reads and updates their captured handles. A
+mirrored variable (under a `tf.distribute` strategy) is read and updated
+through the component the store names: its replica's in replica context; in
+cross-replica context the primary, each update written to every component.
 """
 import sys
-from typing import Dict, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import variable_pb2
 
+from qat.engine import function_graphs
 from qat.engine import marks
 
 REF = "ref"
 RESOURCE = "resource"
+CAPTURED = "captured"
 
 REF_VARIABLE_TYPES = frozenset(["VariableV2", "Variable", "AutoReloadVariable"])
 RESOURCE_VARIABLE_TYPES = frozenset(["VarHandleOp"])
@@ -50,10 +59,12 @@ def variable_kind(graph: tf.Graph) -> str:
       graph: the model's graph.
 
     Returns:
-      `REF` when the graph's own variables are all ref variables, or it has
-      none and resource variables are disabled in this process; `RESOURCE`
-      otherwise.
+      `CAPTURED` for the graph of a tf.function; `REF` when the graph's own
+      variables are all ref variables, or it has none and resource variables
+      are disabled in this process; `RESOURCE` otherwise.
     """
+    if function_graphs.is_function_graph(graph):
+        return CAPTURED
     has_ref = False
     for op in graph.get_operations():
         if op.type in RESOURCE_VARIABLE_TYPES and not marks.made_by_qat(op):
@@ -106,16 +117,24 @@ class VariableEmitter(object):
 
     Args:
       nodes: the `NodeBatch` the nodes go into.
-      kind: `REF` or `RESOURCE`.
+      kind: `REF`, `RESOURCE` or `CAPTURED`.
     """
 
     def __init__(self, nodes, kind: str):
-        if kind not in (REF, RESOURCE):
-            raise ValueError("Unknown variable kind %r: use %r or %r." % (kind, REF, RESOURCE))
+        if kind not in (REF, RESOURCE, CAPTURED):
+            raise ValueError("Unknown variable kind %r: use %r, %r or %r."
+                             % (kind, REF, RESOURCE, CAPTURED))
         self._nodes = nodes
         self.kind = kind
         self._dtypes: Dict[str, tf.DType] = {}
         self._before: Dict[str, str] = {}
+        # CAPTURED: variable name -> the batch's name for its captured handle,
+        # the further handles its updates are written to (the other
+        # components of a mirrored variable in cross-replica context), and
+        # the variables themselves.
+        self._handles: Dict[str, str] = {}
+        self._mirrors: Dict[str, List[str]] = {}
+        self.captured: Dict[str, tf.Variable] = {}
 
     @classmethod
     def for_rewrite(cls, rewrite) -> "VariableEmitter":
@@ -126,11 +145,12 @@ class VariableEmitter(object):
 
     @property
     def is_resource(self) -> bool:
-        return self.kind == RESOURCE
+        return self.kind in (RESOURCE, CAPTURED)
 
     def variable(self, name: str, dtype: tf.DType, shape, initial_value: str,
                  device: str = "", trainable: bool = False,
-                 **attrs) -> variable_pb2.VariableDef:
+                 initial_array=None,
+                 **attrs) -> Optional[variable_pb2.VariableDef]:
         """Adds variable `name` (a unique name) initialised from `initial_value`.
 
         Args:
@@ -140,14 +160,27 @@ class VariableEmitter(object):
           initial_value: the node (`name` or `name:<i>`) of its initial value.
           device: the device of its ops.
           trainable: the VariableDef's `trainable`.
+          initial_array: the initial value as an array (broadcast to
+            `shape`); what a `CAPTURED` variable is made with.
           **attrs: further attributes of every op (e.g. the `_qat` mark).
 
         Returns:
-          Its VariableDef, for `Rewrite.add_variable`.
+          Its VariableDef, for `Rewrite.add_variable`; None for a `CAPTURED`
+          variable (made already, `captured[name]`).
         """
         shape = tf.TensorShape(shape)
         node = self._nodes.node
         self._dtypes[name] = dtype
+        if self.kind == CAPTURED:
+            graph = self._nodes.graph
+            variable = function_graphs.store_variable(graph, name, dtype, shape,
+                                                      initial_array)
+            self.captured[name] = variable
+            read, mirrors = function_graphs.captured_handles(graph, variable)
+            self._handles[name] = self._nodes.external(read)
+            self._mirrors[name] = [self._nodes.external(h) for h in mirrors]
+            self._read(self.snapshot(name), name, device, (), attrs)
+            return None
         if self.is_resource:
             node(name, "VarHandleOp", device=device, dtype=dtype, shape=shape,
                  shared_name=name.encode(), container=b"", **attrs)
@@ -206,10 +239,15 @@ class VariableEmitter(object):
         if self.is_resource:
             # Names as tf.compat.v1's resource-variable methods give them.
             name = scope if op == "Assign" else scope + "/" + op + "VariableOp"
-            update = node(name, op + "VariableOp", [variable, value], device=device,
-                          dtype=dtype, **attrs)
+            update = node(name, op + "VariableOp", [self._handle(variable), value],
+                          device=device, dtype=dtype, **attrs)
+            # The same update of every further component (equal before it).
+            updates = [update] + [
+                node(self._nodes.unique_name("%s_mirror_%d" % (name, k)), op + "VariableOp",
+                     [handle, value], device="", dtype=dtype, **attrs)
+                for k, handle in enumerate(self._mirrors.get(variable, ()), 1)]
             read = scope + ("/ReadVariableOp" if op == "Assign" else "/ReadVariableOp_1")
-            return self._read(read, variable, device, [update], attrs)
+            return self._read(read, variable, device, updates, attrs)
         control = [self.before_update(variable, device, **attrs)]
         extra = {"validate_shape": True} if op == "Assign" else {}
         name = scope if op == "Assign" else scope + "/" + op
@@ -219,12 +257,16 @@ class VariableEmitter(object):
         # read is), so readers of the value find the variable behind it.
         return self._read(name + "/read", variable, device, [update], attrs)
 
+    def _handle(self, variable: str) -> str:
+        """The input naming `variable`'s handle (its op, or its capture)."""
+        return self._handles.get(variable, variable)
+
     def _read(self, name: str, variable: str, device: str, control: Sequence[str],
               attrs: dict) -> str:
         dtype = self._dtypes[variable]
         if self.is_resource:
-            return self._nodes.node(name, "ReadVariableOp", [variable], device=device,
-                                    control=control, dtype=dtype, **attrs)
+            return self._nodes.node(name, "ReadVariableOp", [self._handle(variable)],
+                                    device=device, control=control, dtype=dtype, **attrs)
         return self._nodes.node(name, "Identity", [variable], device=device,
                                 control=control, T=dtype, **attrs)
 

@@ -31,7 +31,7 @@ Example::
     ops = apply(rewrite)                      # checks, then edits
 """
 import dataclasses
-from typing import Callable, Dict, List, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -97,10 +97,15 @@ class Rewrite(object):
         """`op`, an op of the graph, will carry attribute `name` (a `_` one)."""
         self._attrs.append((op, name, value))
 
-    def add_variable(self, variable_def: variable_pb2.VariableDef,
+    def add_variable(self, variable_def: Optional[variable_pb2.VariableDef],
                      collections: Sequence[str]) -> None:
-        """A variable of the batch (ref or resource), registered in `collections`."""
-        self._variables.append((variable_def, list(collections)))
+        """A variable of the batch (ref or resource), registered in `collections`.
+
+        None (a function graph's variable, made outside the graph by its
+        store, `qat.engine.function_graphs`) registers nothing.
+        """
+        if variable_def is not None:
+            self._variables.append((variable_def, list(collections)))
 
     def add_to_collection(self, name: str, value) -> None:
         """A collection entry added with the rewrite."""

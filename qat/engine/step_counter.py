@@ -104,7 +104,8 @@ def step_for(rewrite) -> Union[tf.Tensor, str]:
     emitter = range_variables.VariableEmitter.for_rewrite(rewrite)
     mark = {marks.ATTR: marks.STEP_COUNTER}
     zero = nodes.const(name + "/Initializer/zeros", 0, int64, device=device)
-    variable_def = emitter.variable(name, int64, [], zero, device=device, **mark)
+    variable_def = emitter.variable(name, int64, [], zero, device=device,
+                                    initial_array=0, **mark)
     one = nodes.const(name + "/AssignAdd/value", 1, int64, device=device)
     read = emitter.assign_add(name, name, one, device=device, **mark)
     step = nodes.node(name + "/Identity", "Identity", [read], T=int64, device=device,
@@ -112,9 +113,12 @@ def step_for(rewrite) -> Union[tf.Tensor, str]:
 
     def register(ops):
         graph = rewrite.graph
-        with graph.as_default():
-            variable = range_variables.wrap(variable_def)
-        graph.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, variable)
+        if variable_def is None:  # A function graph's: made by its store.
+            variable = emitter.captured[name]
+        else:
+            with graph.as_default():
+                variable = range_variables.wrap(variable_def)
+            graph.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, variable)
         graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, variable)
         graph.add_to_collection(QUANTIZATION_STEP_COLLECTION, nodes.tensor(ops, step))
 

@@ -8,6 +8,9 @@
   pipeline -> export_tflite: all of the above in one call
   saved_model -> the frozen eval graph as a TF 2 SavedModel (serving
               signature), converted with TF 2's from_saved_model
+  functions -> a quantized TF 2 model's eval function: frozen for the
+              checks, converted with TF 2's from_concrete_functions
+              (pipeline.export_model)
 """
 from qat.export.convert import FLAVOURS
 from qat.export.convert import check_flavour
@@ -49,19 +52,23 @@ from qat.export.range_survival import LostRange
 from qat.export.range_survival import SurvivalReport
 from qat.export.range_survival import check_range_survival
 from qat.export.range_survival import check_ranges
+from qat.export.functions import FrozenFunction
+from qat.export.functions import convert_function
+from qat.export.functions import freeze_function
 from qat.export.pipeline import ExportedModel
+from qat.export.pipeline import export_model
 from qat.export.pipeline import export_tflite
 from qat.export.saved_model import convert_saved_model
 from qat.export.saved_model import write_saved_model
 
 __all__ = [
     "FLAVOURS", "CheckpointError", "ConversionError", "ExportError", "ExportedModel",
-    "FloatOp", "FloatOpError", "GraphLoadError", "ModelReport", "NonFiniteError",
+    "FloatOp", "FloatOpError", "FrozenFunction", "GraphLoadError", "ModelReport", "NonFiniteError",
     "LostRange", "ParityError", "ParityReport", "RangeLostError", "SurvivalReport",
     "TensorNameError", "check_finite", "check_flavour", "check_fully_integer", "check_parity", "check_range_survival", "check_ranges",
     "check_runnable", "check_tensor_names", "checkpoint_prefix", "compare_outputs",
-    "convert_frozen_graph", "convert_saved_model", "describe_model", "export_tflite", "find_float_ops",
-    "freeze_graph_file", "freeze_session", "input_range_from_fake_quant", "is_float_input",
+    "convert_frozen_graph", "convert_function", "convert_saved_model", "describe_model", "export_model", "export_tflite", "find_float_ops",
+    "freeze_function", "freeze_graph_file", "freeze_session", "input_range_from_fake_quant", "is_float_input",
     "load_graph_file", "load_inputs",
     "parity_failures", "per_channel_fake_quants", "quantized_input_stats", "run_graph", "run_tflite", "write_model",
     "write_saved_model",

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from absl import logging
 
-from qat.export import convert, freeze, inspect, parity, range_survival
+from qat.export import convert, freeze, functions, inspect, parity, range_survival
 from qat.export import saved_model as saved_model_lib
 from qat.export.errors import ExportError
 
@@ -139,22 +139,82 @@ def export_tflite(input_names: Sequence[str],
                                                  default_input_range=default_input_range)
         seconds = time.perf_counter() - start
         path = convert.write_model(model, os.path.join(output_dir, f"{name}_{flavour}.tflite"))
-        if require_integer:
-            report = inspect.check_fully_integer(model, frozen, label=path,
-                                                 source_graph_def=source)
-        else:
-            report = inspect.describe_model(model)
-        inspect.check_runnable(model, frozen, label=path)
-        survival = range_survival.check_ranges(frozen, model, flavour=flavour)
-        if survival.differing and not allow_lost_ranges:
-            range_survival.check_range_survival(frozen, model, label=path)  # Raises.
-        for lost in survival.lost:
-            logging.warning("%s: range lost in conversion: %s", path, lost.describe())
-        parity_report = None
-        if parity_inputs is not None:
-            parity_report = parity.check_parity(
-                model, frozen, input_names, output_names[0], parity_inputs,
-                min_top1_agreement=min_top1_agreement, max_diff_steps=max_diff_steps)
-        results[flavour] = ExportedModel(flavour, path, model, report, parity_report, seconds,
-                                         saved_model_dir, survival)
+        results[flavour] = _checked(
+            model, flavour, path, seconds, frozen, source, input_names, output_names,
+            require_integer, allow_lost_ranges, parity_inputs, min_top1_agreement,
+            max_diff_steps, saved_model_dir)
     return results
+
+
+def export_model(model,
+                 output_dir: str,
+                 name: str = "model",
+                 int8_io: bool = False,
+                 require_integer: bool = True,
+                 parity_inputs: Optional["parity.Inputs"] = None,
+                 min_top1_agreement: Optional[float] = None,
+                 max_diff_steps: Optional[float] = None,
+                 allow_lost_ranges: bool = False) -> ExportedModel:
+    """Exports a quantized TF 2 model with TF 2's converter, checked.
+
+    The eval rewrite (`model.inference_function()`) is converted by
+    `tf.lite.TFLiteConverter.from_concrete_functions` with
+    `optimizations=[DEFAULT]` to `<output_dir>/<name>_int8.tflite`, then held to
+    the checks of `export_tflite`: fully integer, runnable, every activation
+    range a tensor of the model, and (with `parity_inputs`) agreement with the
+    eval rewrite, run as its frozen graph.
+
+    Args:
+      model: a quantized model from `qat.quantize_model`, or a concrete
+        function of an eval rewrite.
+      output_dir: where the .tflite file is written.
+      name: file name stem.
+      int8_io: int8 instead of float input and output (integer inputs such as
+        token ids stay integer).
+      require_integer, parity_inputs, min_top1_agreement, max_diff_steps,
+        allow_lost_ranges: as in `export_tflite`; `parity_inputs` is an array
+        for the first input or {input name: array} with the function's input
+        names (`FrozenFunction.input_names`, `<argument name>:0`).
+
+    Returns:
+      The `ExportedModel` (flavour "int8").
+
+    Raises:
+      ExportError and its subclasses (see qat.export.errors).
+    """
+    function = functions.concrete_function_of(model)
+    frozen = functions.freeze_function(function)
+    start = time.perf_counter()
+    tflite = functions.convert_function(function, int8_io=int8_io)
+    seconds = time.perf_counter() - start
+    path = convert.write_model(tflite, os.path.join(output_dir, f"{name}_int8.tflite"))
+    return _checked(tflite, "int8", path, seconds, frozen.graph_def, frozen.graph_def,
+                    frozen.input_names, frozen.output_names, require_integer,
+                    allow_lost_ranges, parity_inputs, min_top1_agreement, max_diff_steps, None)
+
+
+def _checked(model: bytes, flavour: str, path: str, seconds: float,
+             frozen: tf.compat.v1.GraphDef, source: tf.compat.v1.GraphDef,
+             input_names: Sequence[str], output_names: Sequence[str],
+             require_integer: bool, allow_lost_ranges: bool,
+             parity_inputs, min_top1_agreement, max_diff_steps,
+             saved_model_dir: Optional[str]) -> ExportedModel:
+    """Checks a converted model against its frozen eval graph (see export_tflite)."""
+    if require_integer:
+        report = inspect.check_fully_integer(model, frozen, label=path,
+                                             source_graph_def=source)
+    else:
+        report = inspect.describe_model(model)
+    inspect.check_runnable(model, frozen, label=path)
+    survival = range_survival.check_ranges(frozen, model, flavour=flavour)
+    if survival.differing and not allow_lost_ranges:
+        range_survival.check_range_survival(frozen, model, label=path)  # Raises.
+    for lost in survival.lost:
+        logging.warning("%s: range lost in conversion: %s", path, lost.describe())
+    parity_report = None
+    if parity_inputs is not None:
+        parity_report = parity.check_parity(
+            model, frozen, input_names, output_names[0], parity_inputs,
+            min_top1_agreement=min_top1_agreement, max_diff_steps=max_diff_steps)
+    return ExportedModel(flavour, path, model, report, parity_report, seconds,
+                         saved_model_dir, survival)

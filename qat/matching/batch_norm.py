@@ -26,9 +26,11 @@ from qat.matching.matcher import GraphMatcher
 
 # Op types the forward walk from a batch statistic to its moving-average
 # update may pass through.
+# Keras 3 writes the update as `moving * momentum + batch * (1 - momentum)`
+# and assigns the sum: hence the adds.
 _UPDATE_PATH_TYPES = frozenset(
-    ["Sub", "Mul", "Cast", "Identity", "Select", "SelectV2", "Squeeze",
-     "Reshape"])
+    ["Sub", "Mul", "Add", "AddV2", "Cast", "Identity", "Select", "SelectV2",
+     "Squeeze", "Reshape"])
 # Update ops: the delta (AssignSub*) or the new value (Assign*) is input 1.
 ASSIGN_SUB_TYPES = ("AssignSubVariableOp", "AssignSub")
 ASSIGN_TYPES = ("AssignVariableOp", "Assign")
@@ -121,6 +123,9 @@ def _reads_variable(t: tf.Tensor, variable: tf.Tensor) -> bool:
     return False
 
 
+_RESHAPE_TYPES = ("Reshape", "Squeeze", "ExpandDims", "Identity")
+
+
 def _find_updates(statistic: tf.Tensor) -> List[Tuple[MovingAverageUpdate, Optional[tf.Tensor]]]:
     """Finds the update ops fed by a batch statistic.
 
@@ -129,8 +134,15 @@ def _find_updates(statistic: tf.Tensor) -> List[Tuple[MovingAverageUpdate, Optio
     in the moving-average formula), or None.
     """
     found = []
+    # The statistic may be a reshape of the one the update reads (Keras 3's
+    # BatchNormalization(axis=3) reshapes the squeezed batch mean to
+    # [1, 1, 1, c] to normalise; the update reads the squeezed one).
+    sources = [statistic]
+    while (sources[-1].op.type in _RESHAPE_TYPES and sources[-1].op.inputs
+           and len(sources) <= _MAX_UPDATE_DEPTH):
+        sources.append(sources[-1].op.inputs[0])
     # Each entry: (tensor, depth, Sub ops passed on the way).
-    stack = [(statistic, 0, ())]
+    stack = [(source, 0, ()) for source in sources]
     seen = set()
     while stack:
         tensor, depth, subs = stack.pop()
@@ -146,6 +158,8 @@ def _find_updates(statistic: tf.Tensor) -> List[Tuple[MovingAverageUpdate, Optio
                     for sub in subs:
                         if _reads_variable(sub.inputs[0], variable):
                             read = sub.inputs[0]
+                    if read is None and consumer.type in ASSIGN_TYPES:
+                        read = _read_in_new_value(consumer.inputs[1], variable)
                     found.append((MovingAverageUpdate(consumer, variable), read))
                 continue
             if consumer.type in _UPDATE_PATH_TYPES and depth < _MAX_UPDATE_DEPTH:
@@ -153,6 +167,20 @@ def _find_updates(statistic: tf.Tensor) -> List[Tuple[MovingAverageUpdate, Optio
                 for out in consumer.outputs:
                     stack.append((out, depth + 1, new_subs))
     return found
+
+
+def _read_in_new_value(value: tf.Tensor, variable: tf.Tensor) -> Optional[tf.Tensor]:
+    """The read of `variable` a new value `old * m + batch * (1 - m)` is made of."""
+    stack, depth = [value], 0
+    while stack and depth < _MAX_UPDATE_DEPTH:
+        nxt = []
+        for t in stack:
+            if _reads_variable(t, variable):
+                return t
+            if t.op.type in ("Add", "AddV2", "Mul", "Cast", "Identity"):
+                nxt.extend(t.op.inputs)
+        stack, depth = nxt, depth + 1
+    return None
 
 
 def _depends_on(tensor: tf.Tensor, source: tf.Tensor, memo: Dict[tf.Operation, bool],

@@ -37,14 +37,6 @@ UNSCALED_WEIGHTS, the weights of a layer after a training fold
 FUSED_BATCH_NORM: FusedBatchNorm / V2 / V3 ("batch_norm") reading
   "bn_input", "gamma", "beta", "mean", "variance" (inputs 0..4).
 
-LAYER CALLS: a function call (PartitionedCall / StatefulPartitionedCall)
-whose body is one layer op of `CALLED_LAYER_TYPES` reading the call's two
-arguments (data, weights) and returned, maybe through Identity ops, is that
-layer (`called_layer`). tf_keras computes a grouped `Conv2D(groups > 1)`
-this way (an XLA-compiled `_jit_compiled_convolution_op`, whose Conv2D reads
-[kh, kw, in / groups, out] weights); `qat.prepare.layer_calls` puts the layer op
-in the graph before the passes run.
-
 UNFUSED_BATCH_NORM, the arithmetic of `tf.nn.batch_normalization` (also what
 `tf.compat.v1.layers.batch_normalization(fused=False)` and tf_keras
 `BatchNormalization(fused=False)` emit)::
@@ -57,13 +49,12 @@ UNFUSED_BATCH_NORM, the arithmetic of `tf.nn.batch_normalization` (also what
   scale/center.
 
 The quantize pass adds its activation / residual patterns in the section at
-the end of this file.
+the end of this file. A function call that computes one layer:
+`qat.matching.layer_calls`.
 """
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import tensorflow as tf
-from tensorflow.core.framework import function_pb2
-from tensorflow.core.framework import node_def_pb2
 
 from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
 
@@ -75,11 +66,12 @@ TRANSPOSED_CONV_TYPES = ("Conv2DBackpropInput",)
 FOLDABLE_TYPES = LAYER_TYPES + TRANSPOSED_CONV_TYPES
 # Layers when their input 1 is weights (`is_weighted_einsum`); not folded.
 EINSUM_TYPES = ("Einsum",)
+# Layers too when their input 1 is weights: Keras 3 computes EinsumDense
+# (MultiHeadAttention's projections) as a batch matmul with the kernel.
+BATCH_MATMUL_TYPES = ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+WEIGHTED_OPERAND_TYPES = EINSUM_TYPES + BATCH_MATMUL_TYPES
 FUSED_BATCH_NORM_TYPES = ("FusedBatchNorm", "FusedBatchNormV2",
                           "FusedBatchNormV3")
-# Function calls whose body can be one layer op (`called_layer`).
-LAYER_CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")
-CALLED_LAYER_TYPES = ("Conv2D",)
 # Ops that hold or read a variable's value.
 VARIABLE_READ_TYPES = ("ReadVariableOp",)
 REF_VARIABLE_TYPES = ("VariableV2", "Variable")
@@ -107,9 +99,30 @@ def _partitioned_parameter() -> OneofPattern:
         for shards in range(2, MAX_PARTITIONED_SHARDS + 1)])
 
 
+# Ops that only change a parameter's shape, their other inputs constant: the
+# converter folds them into the constant (Keras 3 reads a conv bias as
+# Squeeze(Reshape(b, [1, 1, 1, c])), EinsumDense's kernel reshaped to 2-D).
+RESHAPING_TYPES = ("Reshape", "Squeeze", "ExpandDims")
+# How many of them may sit between a parameter and its reader.
+MAX_PARAMETER_RESHAPES = 2
+
+
+def _reshaped(inner: OneofPattern) -> OneofPattern:
+    """`inner`, or `inner` behind up to MAX_PARAMETER_RESHAPES reshapes."""
+    found = inner
+    for _ in range(MAX_PARAMETER_RESHAPES):
+        found = OneofPattern([
+            inner,
+            OpTypePattern("Reshape|ExpandDims", inputs=[found, OpTypePattern("Const")]),
+            OpTypePattern("Squeeze", inputs=[found]),
+        ])
+    return found
+
+
 def _parameter(name: str) -> OneofPattern:
     """A weight or bias: a variable read, a constant or a partitioned
-    variable's shards concatenated, maybe behind Identity."""
+    variable's shards concatenated, maybe behind Identity and reshapes by
+    constants."""
     direct = OneofPattern([
         _direct_parameter(),
         _partitioned_parameter(),
@@ -117,7 +130,8 @@ def _parameter(name: str) -> OneofPattern:
         # variable read cast to the layer's float16 / bfloat16.
         OpTypePattern("Cast", inputs=[_direct_parameter()]),
     ])
-    return OneofPattern([direct, OpTypePattern("Identity", inputs=[direct])],
+    return OneofPattern([_reshaped(direct),
+                         OpTypePattern("Identity", inputs=[direct])],
                         name=name)
 
 
@@ -207,54 +221,13 @@ def _unfused_batch_norm() -> OpTypePattern:
 UNFUSED_BATCH_NORM = _unfused_batch_norm()
 
 
-def _body_source(ref: str) -> str:
-    """The node (or argument) name of a FunctionDef tensor reference."""
-    return ref.split(":")[0]
-
-
-def called_layer(call_op: tf.Operation,
-                 library: Dict[str, function_pb2.FunctionDef]
-                 ) -> Optional[node_def_pb2.NodeDef]:
-    """The layer a function call computes, if its body is just that layer.
-
-    Args:
-      call_op: any op; only a `LAYER_CALL_TYPES` op with two inputs and one
-        output can be a layer call.
-      library: the graph's functions by name.
-
-    Returns:
-      The body's layer NodeDef (its inputs name the function's arguments,
-      data first), or None if `call_op` is not such a call.
-    """
-    if (call_op.type not in LAYER_CALL_TYPES or len(call_op.inputs) != 2
-            or len(call_op.outputs) != 1):
-        return None
-    body = library.get(call_op.get_attr("f").name)
-    if (body is None or len(body.signature.input_arg) != 2
-            or len(body.signature.output_arg) != 1 or body.control_ret):
-        return None
-    nodes = {node.name: node for node in body.node_def}
-    layers = [n for n in body.node_def if n.op in CALLED_LAYER_TYPES]
-    if len(layers) != 1 or any(
-            n.op != "Identity" for n in body.node_def if n is not layers[0]):
-        return None
-    layer = layers[0]
-    args = [arg.name for arg in body.signature.input_arg]
-    if [_body_source(i) for i in layer.input] != args:
-        return None  # Not (data, weights) straight from the arguments.
-    source = _body_source(body.ret[body.signature.output_arg[0].name])
-    while source in nodes and nodes[source].op == "Identity":
-        if any(i.startswith("^") for i in nodes[source].input):
-            return None
-        source = _body_source(nodes[source].input[0])
-    return layer if source == layer.name else None
-
-
 def is_weighted_einsum(op: tf.Operation) -> bool:
-    """An Einsum of an activation and weights (tf_keras EinsumDense,
-    MultiHeadAttention's projections): a layer. An Einsum of two activations
-    (attention scores) is not."""
-    if op.type not in EINSUM_TYPES or len(op.inputs) != 2 or is_parameter(op.inputs[0]):
+    """An Einsum or batch matmul of an activation and weights (EinsumDense,
+    MultiHeadAttention's projections: tf_keras writes an Einsum, Keras 3 a
+    BatchMatMulV2 with the kernel reshaped to 2-D): a layer. One of two
+    activations (attention scores) is not."""
+    if (op.type not in WEIGHTED_OPERAND_TYPES or len(op.inputs) != 2
+            or is_parameter(op.inputs[0])):
         return False
     weights = op.inputs[1]
     # Quantized already (a report on a rewritten graph): FakeQuant(weights, ...).
@@ -296,7 +269,7 @@ def weight_input(layer_op: tf.Operation) -> tf.Tensor:
     Raises:
       ValueError: if `layer_op` is not a layer op.
     """
-    if layer_op.type not in FOLDABLE_TYPES + EINSUM_TYPES:
+    if layer_op.type not in FOLDABLE_TYPES + WEIGHTED_OPERAND_TYPES:
         raise ValueError("%s (%s) is not a layer op; expected one of %s."
                          % (layer_op.name, layer_op.type, ", ".join(FOLDABLE_TYPES)))
     direct = layer_op.inputs[1]
@@ -308,8 +281,14 @@ def weight_input(layer_op: tf.Operation) -> tf.Tensor:
 
 
 def is_parameter(tensor: tf.Tensor) -> bool:
-    """True if `tensor` is a variable read or a constant (maybe via Identity)."""
+    """True if `tensor` is a variable read or a constant (maybe via Identity,
+    maybe reshaped by constants: `RESHAPING_TYPES`)."""
     op = tensor.op
+    for _ in range(MAX_PARAMETER_RESHAPES):
+        if op.type not in RESHAPING_TYPES or not all(
+                i.op.type == "Const" for i in op.inputs[1:]):
+            break
+        op = op.inputs[0].op
     if op.type == "Identity" and op.inputs[0].op.type in (
             "ReadVariableOp", "Identity", "Const"):
         op = op.inputs[0].op

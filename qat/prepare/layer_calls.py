@@ -3,7 +3,7 @@
 tf_keras computes a grouped convolution (`Conv2D(groups=g)`, g > 1, also
 `groups == channels` as ConvNeXt writes its depthwise convolutions) as a call
 of an XLA-compiled function whose body is one Conv2D with weights
-[kh, kw, in / g, out] (`qat.matching.layer_patterns.called_layer`). Function
+[kh, kw, in / g, out] (`qat.matching.layer_calls.called_layer`). Function
 bodies are out of the passes' reach: the batch norm after the call was not
 folded and the weights stayed float. `inline_layer_calls` adds the body's
 Conv2D to the graph, reading the call's own inputs, and moves the call's
@@ -26,7 +26,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from qat.engine import marks
 from qat.engine import rewrite as rewrite_lib
-from qat.matching import layer_patterns
+from qat.matching import layer_calls
 
 
 def _library(graph: tf.Graph) -> Dict:
@@ -58,7 +58,7 @@ def inline_layer_calls(graph: tf.Graph) -> int:
         graph is then unchanged.
     """
     calls = [op for op in graph.get_operations()
-             if op.type in layer_patterns.LAYER_CALL_TYPES and not marks.is_replaced(op)
+             if op.type in layer_calls.LAYER_CALL_TYPES and not marks.is_replaced(op)
              and op.outputs and op.outputs[0].consumers()]
     if not calls:
         return 0
@@ -67,9 +67,10 @@ def inline_layer_calls(graph: tf.Graph) -> int:
     nodes = rewrite.nodes
     count = 0
     for call in calls:
-        layer = layer_patterns.called_layer(call, library)
-        if layer is None:
+        called = layer_calls.called_layer(call, library)
+        if called is None:
             continue
+        layer = called.node
         scope = call.name.rpartition("/")[0]
         name = nodes.unique_name(f"{scope}/{layer.op}" if scope else layer.op)
         attrs = {key: value for key, value in layer.attr.items()
@@ -78,8 +79,12 @@ def inline_layer_calls(graph: tf.Graph) -> int:
             attrs["_XlaCompile"] = attr_value_pb2.AttrValue(b=True)
             attrs["_XlaSeparateCompiledGradients"] = attr_value_pb2.AttrValue(b=False)
             attrs["_XlaScope"] = attr_value_pb2.AttrValue(s=("qat_" + name).encode())
-        out = nodes.node(name, layer.op,
-                         [nodes.external(call.inputs[0]), nodes.external(call.inputs[1])],
+        weights = nodes.external(call.inputs[called.weights])
+        if called.read_dtype is not None:
+            # Keras 3 passes the variable's handle: read it here, as the body did.
+            weights = nodes.node(nodes.unique_name(name + "/ReadVariableOp"), "ReadVariableOp",
+                                 [weights], device=call.device, dtype=called.read_dtype)
+        out = nodes.node(name, layer.op, [nodes.external(call.inputs[called.data]), weights],
                          device=call.device, **attrs)
         rewrite.reroute_consumers(call.outputs[0], out, call.outputs[0].consumers())
         rewrite.set_attr(call, marks.REPLACED_BY_ATTR,

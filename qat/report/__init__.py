@@ -5,6 +5,8 @@
   summaries  -> TensorBoard summaries of the ranges and weights while training
   plots      -> PNG pictures of the above (matplotlib, imported when drawing:
                 pip install qat[report])
+  tf2_models -> coverage and numerics of a quantized TF 2 model
+                (qat.quantize_model), through its frozen eval function
 """
 from qat.report.coverage import CoverageReport
 from qat.report.coverage import LayerInfo
@@ -27,11 +29,13 @@ from qat.report.plots import plot_sqnr
 from qat.report.summaries import add_range_summaries
 from qat.report.summaries import range_history
 from qat.report.summaries import read_scalars
+from qat.report.tf2_models import coverage_report_of_model
+from qat.report.tf2_models import layer_numerics_of_model
 
 __all__ = [
     "CoverageReport", "FloatTensor", "LayerInfo", "NumericsReport", "Plot", "QuantizerInfo",
     "TensorNumerics", "add_range_summaries", "bypass_fake_quants", "coverage_report",
-    "coverage_report_from_files", "layer_numerics", "layer_numerics_from_files",
-    "layer_numerics_from_session", "load_graph", "plot_range_history", "plot_sqnr",
+    "coverage_report_from_files", "coverage_report_of_model", "layer_numerics", "layer_numerics_from_files",
+    "layer_numerics_from_session", "layer_numerics_of_model", "load_graph", "plot_range_history", "plot_sqnr",
     "range_history", "read_scalars", "sqnr_db", "write_reports",
 ]

@@ -222,6 +222,15 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
                                 batch_size)
     graph_ops = {op.name for op in graph.get_operations()}
     matches = tflite_names.match_rows(rows_spec, qat_values, tflite, graph_ops)
+    lost = range_survival.check_ranges(frozen_graph_def, model).lost
+    # A range the converter merged into another op's tensor (the same scale
+    # and zero point): that tensor holds the row's value whatever its name.
+    holders = {r.quantizer: r.nearest for r in lost
+               if r.kind == range_survival.MERGED and r.nearest in tflite}
+    matches = [match if match is not None or freeze.op_name(tensor) not in holders
+               or tflite[holders[freeze.op_name(tensor)]]["value"].shape != qat.shape
+               else holders[freeze.op_name(tensor)]
+               for match, (_, tensor, _), qat in zip(matches, rows_spec, qat_values)]
     forced = {name: match for name, match, qat in zip(names, matches, qat_values)
               if match is not None and qat.dtype == np.float32}
     forced.update(tflite_names.unquantized_tensors_tflite_rounds(path, graph, forced, tflite))
@@ -243,7 +252,6 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
         rows.append(TensorNumerics(
             label, tensor, match, scale, sqnr_db(flt, qat), sqnr_lite, max_steps, mean_steps,
             float(np.abs(qat - flt).max() / step) if qat.size else math.nan, own_steps))
-    lost = range_survival.check_ranges(frozen_graph_def, model).lost
     return NumericsReport(flavour, len(next(iter(feeds.values()))), rows, drift_steps, lost)
 
 

@@ -47,8 +47,9 @@ V1_CONTROL_FLOW_TYPES = frozenset(["Switch", "Merge", "Enter", "Exit", "NextIter
 
 
 def is_layer(op: tf.Operation) -> bool:
-    """A layer op: a conv, matmul or transposed conv, or an Einsum with weights."""
-    return op.type in LAYER_TYPES and (op.type not in layer_patterns.EINSUM_TYPES
+    """A layer op: a conv, matmul or transposed conv, or an Einsum or batch
+    matmul with weights."""
+    return op.type in LAYER_TYPES and (op.type not in layer_patterns.WEIGHTED_OPERAND_TYPES
                                        or layer_patterns.is_weighted_einsum(op))
 
 
@@ -366,9 +367,10 @@ def quantizer_values(quantizers: Sequence[QuantizerOp],
         for q in quantizers:
             for variable, tensor in ((q.min_variable, q.op.inputs[1]),
                                      (q.max_variable, q.op.inputs[2])):
-                if variable is None:
-                    if tensor.op.type == "Const":
-                        fetches[tensor.name] = tensor
+                if variable is None:  # A constant range (a frozen graph's, a fixed grid).
+                    value = tf.get_static_value(tensor)
+                    if value is not None:
+                        values[tensor.name] = value
                     continue
                 read = plain_read(sess.graph.get_operation_by_name(variable))
                 if read is not None:

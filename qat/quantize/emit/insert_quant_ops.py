@@ -32,6 +32,7 @@ from qat.engine import preconditions
 from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
 from qat.quantize.emit import quantizer_batch
+from qat.matching import standalone_batch_norms
 from qat.quantize.emit import standalone_batch_norm
 from qat.quantize.plan import fixed_ranges
 from qat.quantize.plan import replication as replication_lib
@@ -157,7 +158,7 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
     specs = [_spec(plan, config, placement) for plan in plans]
     all_reduce = replication.all_reduce() if config.is_training else None
     for spec in specs:
-        spec.all_reduce = all_reduce  # Ranges equal on every worker.
+        spec.all_reduce = all_reduce  # Ranges equal on every worker / replica.
     indices = {}   # plan position -> quantizer index
     quantized = {}  # tensor -> node its consumers read instead
 
@@ -204,7 +205,7 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
             add(k)
     for bn in standalone:
         out = bn.outputs[0]
-        x = bn.inputs[0]
+        x = standalone_batch_norms.normalised_input(bn)
         x_ref = (quantized[x], x.dtype, x.shape) if x in quantized else None
         new = standalone_batch_norm.add_depthwise(
             rewrite, bn, config.conv_weights_per_channel(), x_ref)

@@ -150,10 +150,11 @@ class QuantizerBatch(range_updates.RangeUpdates):
     def _variable(self, prefix, name, shape, init, collections) -> str:
         base = prefix + "/" + name
         shape = tf.TensorShape(shape)
-        init_value = self._shared_const(
-            "init", np.full(shape.as_list(), init, np.float32), tf.float32)
+        initial = np.full(shape.as_list(), init, np.float32)
+        init_value = self._shared_const("init", initial, tf.float32)
         self._rewrite.add_variable(self._variables_emitter.variable(
-            base, _FLOAT, shape, init_value, device=self._variable_device), collections)
+            base, _FLOAT, shape, init_value, device=self._variable_device,
+            initial_array=initial), collections)
         return base
 
     # --- Quantizers -----------------------------------------------------------

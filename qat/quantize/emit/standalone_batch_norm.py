@@ -15,7 +15,7 @@ its weights with a symmetric narrow range computed from the weights themselves
 batch norm's consumers onto it. The range after it (`<bn ctx>/bn_quant` or
 the activation's `act_quant`) is the one training learnt.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import tensorflow as tf
 
@@ -23,6 +23,7 @@ from qat.engine import marks
 from qat.matching.standalone_batch_norms import REPLACES_ATTR
 from qat.matching.standalone_batch_norms import is_replaceable
 from qat.matching.standalone_batch_norms import is_replaced
+from qat.matching.standalone_batch_norms import unfused_parts
 
 # Suffix of the name scope of the replacement ops: `<bn op name>_depthwise`.
 SCOPE_SUFFIX = "_depthwise"
@@ -36,7 +37,8 @@ def add_depthwise(rewrite, bn: tf.Operation, per_channel: bool = False,
 
     Args:
       rewrite: the quantize pass's `qat.engine.rewrite.Rewrite`.
-      bn: a FusedBatchNorm* op with is_training=False, NHWC.
+      bn: a FusedBatchNorm* op with is_training=False, NHWC, or the final
+        add of a batch norm's arithmetic with constant scale and offset.
       per_channel: one weight range per channel (int8 only), else one range.
       x_ref: what the conv reads instead of the batch norm's input (its
         quantized value in the rewrite), as (`name:<i>`, dtype, shape).
@@ -47,13 +49,23 @@ def add_depthwise(rewrite, bn: tf.Operation, per_channel: bool = False,
     """
     if not is_replaceable(bn) or is_replaced(bn):
         return None
-    x, gamma, beta, mean, variance = bn.inputs[:5]
+    parts = unfused_parts(bn)
+    if parts is not None:
+        x, inv, offset = parts
+        inputs = [x_ref or x, inv, offset]
+    else:
+        x = bn.inputs[0]
+        inputs = [x_ref or x] + list(bn.inputs[1:5])
     channels = int(x.shape[-1])
-    epsilon = bn.get_attr("epsilon")
+    epsilon = None if parts is not None else bn.get_attr("epsilon")
 
-    def build(x, gamma, beta, mean, variance):
-        scale = gamma * tf.math.rsqrt(variance + epsilon, name="rsqrt")
-        offset = tf.subtract(beta, mean * scale, name="offset")
+    def build(x, *parameters):
+        if epsilon is None:  # The arithmetic's own scale and offset.
+            scale, offset = (tf.reshape(t, [channels]) for t in parameters)
+        else:
+            gamma, beta, mean, variance = parameters
+            scale = gamma * tf.math.rsqrt(variance + epsilon, name="rsqrt")
+            offset = tf.subtract(beta, mean * scale, name="offset")
         weights = tf.reshape(scale, [1, 1, channels, 1], name="weights")
         # Symmetric narrow range: zero point 0 in int8 as well as uint8 128.
         axes = [0, 1, 3] if per_channel else None
@@ -75,7 +87,6 @@ def add_depthwise(rewrite, bn: tf.Operation, per_channel: bool = False,
         conv.op._set_attr(REPLACES_ATTR, tf.compat.v1.AttrValue(s=bn.name.encode()))  # pylint: disable=protected-access
         return [tf.nn.bias_add(conv, offset, name="BiasAdd")]
 
-    return rewrite.nodes.python_ops(bn.name + SCOPE_SUFFIX,
-                                    [x_ref or x, gamma, beta, mean, variance],
+    return rewrite.nodes.python_ops(bn.name + SCOPE_SUFFIX, inputs,
                                     build, device=bn.device,
                                     mark=marks.STANDALONE_BATCH_NORM)[0]

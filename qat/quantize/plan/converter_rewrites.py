@@ -34,6 +34,12 @@ And what it rewrites into an op that needs a range: a division by a
 constant (`(x - mean) / std` normalisation) becomes a MUL by the constant's
 reciprocal, an own-range op (`is_constant_division`).
 
+A select of a value and a constant, `where(mask, x, c)` (Keras 3's masked
+softmax fills the masked scores with a large negative number): TFLite's
+SELECT_V2 runs in x's scale, with c rounded (so clamped) to x's grid: a
+same-scale op (`is_constant_select`), whose output gets a FakeQuant reading
+x's range so the eval graph rounds c as TFLite does.
+
 Clamps by a constant written with `tf.maximum` / `tf.minimum`
 (`qat.quantize.plan.clamps`): `Maximum(x, 0)` is a RELU, fused like one; other
 clamps run in their input's scale (same-scale ops).
@@ -108,13 +114,37 @@ def _broadcasts_into(constant_shape, x_shape: tf.TensorShape) -> bool:
     return all(c == 1 or c == d for c, d in zip(constant_shape, dims))
 
 
+# What a parameter expression may read: constants and variables.
+_PARAMETER_SOURCES = frozenset(["Const", "ReadVariableOp", "VariableV2", "VarHandleOp"])
+_MAX_PARAMETER_DEPTH = 8
+
+
+def is_parameter_expression(t: tf.Tensor, depth: int = 0) -> bool:
+    """A tensor computed from constants and variables only (no input, no
+    random op): a constant once the graph is frozen, which the converter
+    folds (Keras 3 `Normalization` divides by `maximum(sqrt(variance), eps)`)."""
+    op = t.op
+    if op.type in _PARAMETER_SOURCES:
+        return True
+    if op.type == "Placeholder":
+        return t.dtype == tf.resource  # A function's captured variable handle.
+    if (depth >= _MAX_PARAMETER_DEPTH or not op.inputs or op.type.startswith(
+            ("Random", "StatelessRandom"))):
+        return False
+    return all(is_parameter_expression(i, depth + 1) for i in op.inputs)
+
+
 def is_constant_division(op: tf.Operation, is_data) -> bool:
-    """`x / c` with a constant divisor: the converter makes it MUL by 1/c."""
+    """`x / c` with a constant divisor, or one computed from constants and
+    variables (`is_parameter_expression`): the converter makes it MUL by 1/c."""
     if op.type not in ("RealDiv", "Div"):
         return False
     found = _one_data_input(op, is_data)
-    return (found is not None and found[0] == 0
-            and _broadcasts_into(found[1].shape, op.inputs[0].shape))
+    if found is not None:
+        return found[0] == 0 and _broadcasts_into(found[1].shape, op.inputs[0].shape)
+    x, c = op.inputs
+    return (is_data(x) and not is_data(c) and c.shape.is_fully_defined()
+            and is_parameter_expression(c) and _broadcasts_into(c.shape.as_list(), x.shape))
 
 
 def is_size_one_reduction(op: tf.Operation) -> bool:
@@ -168,6 +198,21 @@ def folded_bias_add(op: tf.Operation, out: tf.Tensor, is_data) -> bool:
     return found is not None and _broadcasts_into(found[1].shape, out.shape)
 
 
+SELECT_TYPES = frozenset(["Select", "SelectV2"])
+
+
+def is_constant_select(op: tf.Operation, is_data) -> bool:
+    """`where(mask, x, c)` or `where(mask, c, x)` with one constant value c."""
+    if op.type not in SELECT_TYPES or len(op.inputs) != 3:
+        return False
+    values = op.inputs[1:]
+    data = [k for k, t in enumerate(values) if is_data(t)]
+    if len(data) != 1 or not values[data[0]].dtype.is_floating:
+        return False
+    c = _constant(values[1 - data[0]])
+    return c is not None and c.size > 0 and bool(np.all(c == np.ravel(c)[0]))
+
+
 def removed_or_same_scale(op: tf.Operation,
                           is_data: Callable[[tf.Tensor], bool]) -> bool:
     """Whether the converter removes `op` or runs it in its input's scale.
@@ -181,4 +226,4 @@ def removed_or_same_scale(op: tf.Operation,
     """
     return (is_neutral_arithmetic(op, is_data) or is_size_one_reduction(op)
             or is_identity_pool(op) or is_extremum_reduction(op)
-            or clamps.is_same_scale_clamp(op, is_data))
+            or clamps.is_same_scale_clamp(op, is_data) or is_constant_select(op, is_data))

@@ -57,7 +57,10 @@ class EntryPlanning(object):
         preprocessing), so the range is named after the model op that reads
         it first, which both graphs share: `<reader scope>/input_quant`.
         """
-        readers = [r for r in self.final_readers(s) if r in self.inference_ops]
+        # A batch norm reads its input for statistics in training graphs
+        # only: it reads it where its final add is.
+        readers = [self.batch_norm_of.get(r, r) for r in self.final_readers(s)
+                   if r in self.inference_ops]
         readers = behind_batch_splits(readers, self.final_readers)
         if not readers:
             return plan_graph.own_context(s.op)

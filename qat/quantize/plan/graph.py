@@ -120,6 +120,24 @@ def _reduces_channels(op: tf.Operation, layer: tf.Operation) -> bool:
     return _channel_axis(layer, rank) in {int(a) % rank for a in np.ravel(axes)}
 
 
+def _reshapes_channels(op: tf.Operation) -> bool:
+    """A reshape that changes the last axis (a dense output split into heads).
+
+    The converter fuses a bias add into the layer across a reshape that
+    keeps the channels (a rank-3 Dense's MatMul reshaped back to rank 3),
+    not across one that splits them (Keras 3 MultiHeadAttention's
+    projections: FULLY_CONNECTED, RESHAPE to [.., heads, size], ADD of a
+    [heads, size] bias): the layer's range is on the tensor it reshapes.
+    """
+    if op.type != "Reshape":
+        return False
+    before, after = op.inputs[0].shape, op.outputs[0].shape
+    if not before.rank or not after.rank:
+        return False
+    return (before[-1] is not None and after[-1] is not None
+            and before[-1] != after[-1])
+
+
 def _restores_rank(op: tf.Operation, rank: Optional[int]) -> bool:
     """A reshape from another rank back to the layer's `rank`."""
     return (op.type in ("Reshape", "Squeeze") and rank is not None
@@ -158,6 +176,7 @@ class GraphView(object):
         self.model_ops = self._ancestors(self.layers)
         self.inference_ops = self._ancestors(self._inference_seeds())
         self.library = None
+        self._update_only = {}  # op -> feeds_only_state_updates(op)
 
     def _reaches_layer(self, op: tf.Operation) -> bool:
         reached = forward_closure([op]) - self.gradient_ops
@@ -237,6 +256,24 @@ class GraphView(object):
     def is_data(self, t: tf.Tensor) -> bool:
         return t.op in self.data_ops
 
+    def feeds_only_state_updates(self, op: tf.Operation) -> bool:
+        """Whether everything `op` computes ends in variable updates only.
+
+        The arithmetic of a moving average (Keras 3's `moving_mean * m +
+        batch_mean * (1 - m)` before its AssignVariableOp): not model data.
+        """
+        memo = self._update_only
+
+        def only_updates(o, depth=0):
+            if o not in memo:
+                memo[o] = False  # Cycles and deep chains: not only updates.
+                readers = [c for out in o.outputs for c in out.consumers()
+                           if c not in self.gradient_ops]
+                memo[o] = bool(readers) and depth < 16 and all(
+                    qp.is_state_update(c) or only_updates(c, depth + 1) for c in readers)
+            return memo[o]
+        return only_updates(op)
+
     def consumers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
         """Consumers a quantizer of `t` reroutes (also via an old quantizer)."""
         out, internal = existing_quantizer(t)
@@ -283,6 +320,8 @@ class GraphView(object):
                         continue  # A MUL of its own, never folded.
                     if _reduces_channels(c, layer):
                         continue  # Layer-norm statistics: ops of their own.
+                    if _reshapes_channels(c):
+                        continue  # The layer output is before it.
                     if all(i.op in tail or not self.is_data(i)
                            for i in c.inputs):
                         tail.add(c)

@@ -34,6 +34,7 @@ Structures matched as a whole (patterns, in `qat.matching.matcher` style):
 from typing import Optional, Set
 
 import tensorflow as tf
+from tensorflow.python.framework import tensor_util
 
 from qat.matching.matcher import GraphMatcher, OpTypePattern
 
@@ -146,4 +147,7 @@ def same_scale_input(op: tf.Operation, index: int) -> int:
         return index
     if op.type in ("Split",):
         return 1
+    if op.type in ("Select", "SelectV2") and len(op.inputs) == 3:
+        # where(mask, x, c) or where(mask, c, x): x's scale.
+        return 2 if tensor_util.constant_value(op.inputs[1]) is not None else 1
     return 0

@@ -10,7 +10,7 @@ from qat.matching import layer_patterns
 # (input_sizes, filter, data). Their weights are input 1 like the others.
 TRANSPOSED_CONV_TYPES = frozenset(layer_patterns.TRANSPOSED_CONV_TYPES)
 LAYER_TYPES = (frozenset(layer_patterns.LAYER_TYPES) | TRANSPOSED_CONV_TYPES
-               | frozenset(layer_patterns.EINSUM_TYPES))
+               | frozenset(layer_patterns.WEIGHTED_OPERAND_TYPES))
 
 
 def data_input(layer_op):

@@ -118,6 +118,10 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         self.prefixes: Set[str] = set()
         self.weight_plans: Dict[object, Plan] = {}
         self.standalone_bns: List[tf.Operation] = []
+        # Final adds of standalone batch norms written as arithmetic.
+        self.unfused_batch_norms: Set[tf.Operation] = set()
+        # Statistics arithmetic of such batch norms -> their final add.
+        self.batch_norm_of: Dict[tf.Operation, tf.Operation] = {}
         # (tensor or op name, reason) for what the plan leaves in float.
         self.left_float: List[Tuple[str, str]] = []
         self._left: Set[str] = set()
@@ -183,7 +187,7 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
             return  # An earlier call's quantizer (a second call): never a float layer.
         if marks.is_replaced(op):
             return  # Unconnected: a rewrite moved its consumers.
-        if (op.type in qp.BATCH_NORM_TYPES
+        if (op.type in qp.BATCH_NORM_TYPES or op in self.unfused_batch_norms
                 or (op.type in op_table.FUNCTIONAL_TYPES
                     and standalone_batch_norms.is_batch_norm_cond(
                         op, self.function_library()))):
@@ -233,6 +237,7 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
             tail, out = self.walk_tail(layer, stop=self.interior)
             self.tails[layer], self.outputs[layer] = tail, out
             self.tail_ops |= tail
+        self._find_batch_statistics(ordered)
         self.loss = self.loss_ops(self._belongs_to_model)
         for op in ordered:
             self.visit(op)

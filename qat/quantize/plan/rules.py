@@ -161,8 +161,7 @@ class RangeRules(object):
         if not data or (op.type in op_table.REDUCTION_TYPES
                         and op.outputs[0].shape.rank == 0):
             return
-        readers = [c for out in op.outputs for c in out.consumers()]
-        if readers and all(qp.is_state_update(c) for c in readers):
+        if self.feeds_only_state_updates(op):
             return  # Arithmetic of a variable update (moving averages), not model data.
         ranged = [self._is_ranged(i) for i in data]
         ok = all(r or (self._is_input(i) and op in self.model_ops)

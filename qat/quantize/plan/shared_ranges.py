@@ -93,7 +93,9 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
         if op.type in ROUNDING_TYPES and planner._in_scope(op):  # pylint: disable=protected-access
             plan_rounding(planner, op)
         elif ((converter_rewrites.is_size_one_reduction(op)
-               or clamps.is_same_scale_clamp(op, planner.is_data))
+               or clamps.is_same_scale_clamp(op, planner.is_data)
+               or (converter_rewrites.is_constant_select(op, planner.is_data)
+                   and op not in planner.looked_through))
               and planner._in_scope(op)):  # pylint: disable=protected-access
             plan_identity_rounding(planner, op)
     share_concat_ranges(planner, ordered)
@@ -124,15 +126,19 @@ def plan_identity_rounding(planner, op: tf.Operation) -> None:
     the same 1x1 map stays): either way its output has its input's scale,
     which this FakeQuant states, so TFLite's op is integer when kept.
     """
-    if not planner.is_data(op.inputs[0]) or not plan_graph.is_float(op.outputs[0]):
+    x = op.inputs[op_table.same_scale_input(op, 0)]
+    if not planner.is_data(x) or not plan_graph.is_float(op.outputs[0]):
         return
-    source = planner.plans.get(planner._source(op.inputs[0]))  # pylint: disable=protected-access
+    source = planner.plans.get(planner._source(x))  # pylint: disable=protected-access
     if source is None or source.is_weight or source.per_channel:
         return
     out = op.outputs[0]
     if planner._plan(out, plan_graph.own_context(op), "identity_quant",  # pylint: disable=protected-access
                      source.init_min, planner.consumers(out), allow_unused=True):
-        planner.plans[out].shared = source
+        if source.fixed is not None:
+            planner.plans[out].fixed = source.fixed  # A softmax's grid, say: constant.
+        else:
+            planner.plans[out].shared = source
 
 
 def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:

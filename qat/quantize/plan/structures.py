@@ -9,17 +9,35 @@
   conv (`qat.quantize.emit.standalone_batch_norm`).
 * Ops the converter removes or runs in their input's scale
   (`qat.quantize.plan.converter_rewrites`): same-scale ops.
+* Batch norms written as arithmetic after no layer: their statistics
+  arithmetic gets no range (`_find_batch_statistics`).
 * Ops visited before their inputs had ranges (a rewrite created the ops
   they read after them): visited again.
 """
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import tensor_util
 
+from qat.engine import marks
 from qat.matching import layer_patterns
+from qat.matching.matcher import GraphMatcher
 from qat.quantize.plan import activation_patterns
 from qat.quantize.plan import converter_rewrites
 from qat.quantize.plan import op_table
 from qat.quantize.plan import graph as plan_graph
 from qat.matching import standalone_batch_norms
+
+
+_UNFUSED_BATCH_NORM_MATCHER = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
+
+
+def _reduces_batch_axis(op: tf.Operation) -> bool:
+    """A reduction whose constant axes include axis 0 (batch statistics)."""
+    rank = op.inputs[0].shape.rank
+    axes = tensor_util.constant_value(op.inputs[1]) if len(op.inputs) == 2 else None
+    if rank is None or axes is None:
+        return False
+    return 0 in {int(a) % rank for a in np.ravel(axes)}
 
 
 class StructurePlanning(object):
@@ -114,6 +132,56 @@ class StructurePlanning(object):
                 scale = [o for o in dropout if o is not op][0]
                 self.looked_through[op] = scale.outputs[0]
                 self.looked_through[scale] = scale.inputs[0]
+
+    def _find_batch_statistics(self, ordered) -> None:
+        """Records the statistics arithmetic of unfolded batch norms (`interior`).
+
+        A batch norm written as arithmetic (`layer_patterns.UNFUSED_BATCH_NORM`,
+        Keras 3's BatchNormalization) that follows no layer is `x * inv +
+        offset`: in eval graphs inv and offset are constants, in training
+        graphs they are computed from the batch's statistics (a reduction
+        over the batch axis). Those computations get no range, as inside a
+        fused batch norm. On a 4-D channels-last input it is then planned
+        as a fused one (`plan_standalone_batch_norm`: its input and output);
+        otherwise `x * inv` and the output get ranges, the same in training
+        and eval graphs. Per-example statistics (a layer norm) are data in
+        both and keep theirs.
+
+        Args:
+          ordered: the data-path ops in graph order.
+        """
+        for op in ordered:
+            if (op.type not in ("Add", "AddV2") or op in self.tail_ops
+                    or marks.is_replaced(op)):
+                continue
+            match = _UNFUSED_BATCH_NORM_MATCHER.match_op(op)
+            if match is None:
+                continue
+            x = match.get_tensor("bn_input")
+            statistics = [match.get_tensor("mean"), match.get_tensor("variance")]
+            arithmetic = set(match.bound_ops()) - {op, match.get_op("scaled"), x.op}
+            stack, seen = [t.op for t in statistics], set()
+            while stack:
+                o = stack.pop()
+                if o is x.op or o in seen or o not in self.data_ops:
+                    continue
+                seen.add(o)
+                arithmetic.add(o)
+                stack.extend(i.op for i in o.inputs)
+            reductions = [o for o in arithmetic if o.type in op_table.REDUCTION_TYPES]
+            if any(not _reduces_batch_axis(o) for o in reductions):
+                continue  # Per-example statistics: a layer norm.
+            if standalone_batch_norms.unfused_parts(op) is not None:
+                # A 4-D one is a standalone batch norm as a fused one is:
+                # ranges on its input and output only (inside, a FakeQuant on
+                # x * inv would break the cancellation of the batch mean's
+                # gradient), a 1x1 depthwise conv in eval graphs.
+                arithmetic.add(match.get_op("scaled"))
+                self.unfused_batch_norms.add(op)
+            for o in arithmetic:
+                if o in self.data_ops:
+                    self.interior.add(o)
+                    self.batch_norm_of[o] = op
 
     def _revisit_deferred(self) -> None:
         """Visits again the ops whose inputs had no range yet.

@@ -1,0 +1,71 @@
+"""The quantized model of a `tf.Module` or a callable: a `tf.Module` itself."""
+import numpy as np
+import tensorflow as tf
+
+from qat.tf2 import ranges
+from qat.tf2 import rewriter as rewriter_lib
+
+
+class _Hidden(object):
+    """Holds what a tf.Module must not track (the functions: one SavedModel
+    signature, `serve`, and no checkpoint entry for them)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class QuantizedModule(tf.Module):
+    """A model with qat's training and eval rewrites (from `qat.quantize_model`).
+
+    `qm(*inputs, training=True)` runs the training rewrite (batch norms folded
+    with batch statistics, ranges learned), `training=False` the eval rewrite.
+    `trainable_variables` are the model's own; the ranges and qat's step
+    counter are non-trainable variables of this module, so
+    `tf.train.Checkpoint(model=qm)` and `tf.saved_model.save(qm, path)` hold
+    them. The SavedModel's `serving_default` is the eval rewrite.
+    """
+
+    def __init__(self, model, call, configs, name=None):
+        super().__init__(name=name)
+        self.model = model
+        self.qat_ranges = ranges.RangeHolder()
+        # A plain callable's variables are found by tracing it; kept here so
+        # `trainable_variables` lists them.
+        self.model_variables = []
+        store = ranges.RangeStore(self._make_variable, call.name)
+        self._qat = _Hidden(rewriter_lib.FunctionRewriter(call, configs, store))
+        self._qat.value.plan()
+        if not isinstance(model, tf.Module):
+            self.model_variables.extend(self._qat.value.model_variables)
+        self.serve = self._qat.value.functions[False]
+
+    def _make_variable(self, name, dtype, shape, initial_value) -> tf.Variable:
+        variable = tf.Variable(np.asarray(initial_value, dtype.as_numpy_dtype),
+                               trainable=False, name=name, shape=shape)
+        self.qat_ranges.ordered.append(variable)
+        return variable
+
+    def __call__(self, *inputs, training: bool = False):
+        return self._qat.value(inputs, training)
+
+    @property
+    def rewriter(self) -> rewriter_lib.FunctionRewriter:
+        """The training and eval functions, and what each trace left float."""
+        return self._qat.value
+
+    @property
+    def left_float(self):
+        """What the rewrite left float, each with the reason (as the graph path
+        logs it): batch norms not folded, layers it cannot reach."""
+        rewriter = self._qat.value
+        return sorted(set(rewriter.left_float[True]) | set(rewriter.left_float[False]))
+
+    def inference_function(self) -> tf.types.experimental.ConcreteFunction:
+        """The eval rewrite as a concrete function, for TF 2's TFLite converter.
+
+        Convert it with `tf.lite.TFLiteConverter.from_concrete_functions([f])`
+        (no trackable object: every variable is frozen), `optimizations =
+        [tf.lite.Optimize.DEFAULT]` and, for int8 input, `inference_input_type =
+        tf.int8`: a fully integer int8 model.
+        """
+        return self._qat.value.inference_function()

@@ -1,0 +1,172 @@
+"""Tracing a TF 2 model into a function and rewriting it as the graph path does.
+
+`FunctionRewriter` holds one `tf.function` per mode. Tracing one calls the
+model (its ops land in the function's graph), ends every output with an
+Identity (so the output's quantizer has a reader to feed, as
+`tf.identity(logits, name=...)` does in a graph), then runs
+`qat.api.rewrite_graph` — the fold and quantize passes of the graph path,
+every planner rule included — on the graph while it is still being traced
+(`qat.engine.function_graphs`). The function returns the quantized outputs.
+
+The training function folds batch norms with batch statistics and learns
+ranges; the eval function folds with the moving statistics and reads them.
+Both read the same variables (`qat.tf2.ranges.RangeStore`), made by the
+first trace of the training function (`plan`).
+"""
+from typing import Dict, List, Sequence
+
+from absl import logging
+import tensorflow as tf
+
+from qat import api
+from qat.engine import config as config_lib
+from qat.engine import function_graphs
+from qat.matching import layer_patterns
+from qat.tf2 import calls
+from qat.tf2 import ranges
+from qat.tf2 import replicas
+
+
+class FunctionRewriter(object):
+    """The training and eval functions of one quantized model.
+
+    Args:
+      call: the model and how to call it.
+      configs: {training: the validated RewriteConfig of that mode}.
+      store: where the ranges live.
+    """
+
+    def __init__(self, call: calls.ModelCall,
+                 configs: Dict[bool, config_lib.RewriteConfig],
+                 store: ranges.RangeStore):
+        self.call = call
+        # Keras models name their ops after themselves; a tf.Module or a
+        # function is scoped by its name, so its ranges are `<name>/...`.
+        self.scope = "" if call.inputs_as_one else _identifier(call.name) + "/"
+        self.configs = configs
+        self.store = store
+        self._replication = replicas.TraceReplication(store)
+        self.functions = {
+            training: tf.function(self._traced(training), input_signature=call.signature,
+                                  autograph=True)
+            for training in (True, False)}
+        # Per mode, of its latest trace: what was left float, and why.
+        self.left_float: Dict[bool, List[str]] = {True: [], False: []}
+        self.quantizer_names: Dict[bool, List[str]] = {True: [], False: []}
+        self.model_variables: List[tf.Variable] = []
+        self._planned_layers = set()
+        self._error = None
+
+    def _traced(self, training: bool):
+        def quantized_model(*inputs):
+            with tf.name_scope(self.scope):
+                outputs = self.call(list(inputs), training)
+            return self._rewrite(outputs, training)
+        quantized_model.__name__ = "%s_%s" % (_identifier(self.call.name),
+                                              "training" if training else "eval")
+        return quantized_model
+
+    @tf.autograph.experimental.do_not_convert
+    def _rewrite(self, outputs, training: bool):
+        graph = tf.compat.v1.get_default_graph()
+        flat = tf.nest.flatten(outputs)
+        ends = [tf.identity(t) for t in flat]
+        with function_graphs.editing(graph, self.store):
+            try:
+                result = api.rewrite_graph(graph, self.configs[training], self._replication)
+            except ranges.UnplannedRangeError as e:
+                self._error = ranges.UnplannedRangeError(f"{e}{self._new_layers(graph)}")
+                raise self._error
+            except (ValueError, TypeError) as e:
+                self._error = e  # Kept: autograph re-raises it as another type.
+                raise
+            if self.store.planning:
+                self._planned_layers = {op.name for op in layer_patterns.layer_ops(graph)}
+        self.quantizer_names[training] = result.quantize.names
+        self.left_float[training] = (
+            [f"{s.name}: batch norm not folded: {s.reason}" for s in result.fold.skipped]
+            + [f"{item.name}: {item.reason}" for item in result.quantize.left_float])
+        return tf.nest.pack_sequence_as(outputs, ends)
+
+    def _new_layers(self, graph: tf.Graph) -> str:
+        """The layer ops of `graph` the planning trace did not have, as a sentence."""
+        new = [f"{op.name} ({op.type})" for op in layer_patterns.layer_ops(graph)
+               if op.name not in self._planned_layers]
+        return f" Layers this call has that the plan had not: {', '.join(new)}." if new else ""
+
+    def _traced_call(self, fn, *args):
+        """`fn(*args)`, re-raising qat's own error of a trace as it was raised."""
+        self._error = None
+        try:
+            return fn(*args)
+        except Exception as e:  # pylint: disable=broad-except
+            if self._error is not None and e is not self._error:
+                raise self._error from None
+            raise
+        finally:
+            self._error = None
+
+    def plan(self) -> tf.types.experimental.ConcreteFunction:
+        """Traces the training function once: every range is made here.
+
+        Raises:
+          ValueError / TypeError: the model refuses the signature, has no
+            variables, or nothing to quantize.
+        """
+        try:
+            replica = replicas.planning_replica()
+            if replica is None:
+                concrete = self._traced_call(self.functions[True].get_concrete_function)
+            else:
+                # Under a strategy, outside strategy.run: planned as replica 0
+                # traces it in strategy.run (the model updating its replica's
+                # variables, as the fold pass recognises), by a function of its
+                # own, which no call reuses.
+                with replica:
+                    planning = tf.function(self._traced(True), input_signature=self.call.signature,
+                                           autograph=True)
+                    concrete = self._traced_call(planning.get_concrete_function)
+        except (ValueError, TypeError) as e:
+            if isinstance(e, ranges.UnplannedRangeError):
+                raise
+            raise type(e)(
+                f"qat.quantize_model({self.call.name}): calling the model on "
+                f"input_signature {self.call.signature} failed: {e}") from e
+        finally:
+            self.store.planning = False
+        qat_variables = {id(v) for v in self.store.ordered}
+        # Under a strategy the trace reads components: list their variables.
+        found = {id(v): v for v in map(replicas.container, concrete.graph.variables)}
+        self.model_variables = [v for k, v in found.items() if k not in qat_variables]
+        if not self.model_variables:
+            raise ValueError(
+                f"qat.quantize_model({self.call.name}): the model reads no tf.Variable. "
+                "qat quantizes layers whose weights are variables (Keras layers, "
+                "tf.Variable attributes of a tf.Module); weights given as constants "
+                "or tensors cannot be trained and get no ranges.")
+        if not self.quantizer_names[True]:
+            left = "; ".join(self.left_float[True]) or "no conv, depthwise conv, dense or matmul layer found"
+            raise ValueError(
+                f"qat.quantize_model({self.call.name}): nothing to quantize ({left}).")
+        return concrete
+
+    def __call__(self, inputs: Sequence, training):
+        if not isinstance(training, bool):
+            raise TypeError(
+                f"{self.call.name}: training must be a Python bool (True or False), "
+                f"got {training!r}.")
+        if len(inputs) != len(self.call.signature):
+            raise ValueError(
+                f"{self.call.name} takes {len(self.call.signature)} input(s) "
+                f"({self.call.signature}); got {len(inputs)}.")
+        return self._traced_call(self.functions[training], *inputs)
+
+    def inference_function(self) -> tf.types.experimental.ConcreteFunction:
+        """The eval function, traced for the input signature."""
+        return self._traced_call(self.functions[False].get_concrete_function)
+
+
+def _identifier(name: str) -> str:
+    """`name` as a valid root name scope (`<lambda>` -> `lambda`)."""
+    cleaned = "".join(c if c.isalnum() or c in "_.-" else "_" for c in str(name))
+    return cleaned.strip("_.-") or "model"
