@@ -57,7 +57,7 @@ class EntryPlanning(object):
         preprocessing), so the range is named after the model op that reads
         it first, which both graphs share: `<reader scope>/input_quant`.
         """
-        readers = [r for r in self.final_readers(s) if r in self.inference_ops]
+        readers = [r for r in self.final_readers(s) if r in self.model]
         readers = behind_batch_splits(readers, self.final_readers)
         if not readers:
             return plan_graph.own_context(s.op)
