@@ -3,13 +3,19 @@
 Hypothesis draws networks (tools/property/networks.py: depth 1-6; conv,
 depthwise, dense, atrous; bias or not; batch norm fused, unfused or none;
 ReLU, ReLU6, LeakyReLU or none; residual adds; concats with the block or the
-network input) with a derandomized, bounded run, and every invariant of
-tools/property/invariants.py must hold: the eval fold equals the unfolded
-network within 1e-4, every batch norm is folded, after the training rewrite
-every gradient exists and is finite, a second call leaves the GraphDef
-unchanged, every weight is read through a FakeQuant, no data tensor is
-read both raw and quantized, and every input of a quantized concatenation is
-read through a FakeQuant with the concatenation's variables. A failing example is shrunk greedily and both are
+network input; fed by a placeholder, a tf.data iterator or a FIFO queue,
+through preprocessing, a pad, a reshape or a transpose; trained with a mean
+square loss, one against a constant, a cross-entropy at a temperature, label
+smoothing or a hinge loss) with a derandomized, bounded run, and every
+invariant of tools/property/invariants.py must hold: the eval fold equals
+the unfolded network within 1e-4, every batch norm is folded, after the
+training rewrite every gradient exists and is finite, a second call leaves
+the GraphDef unchanged, every weight is read through a FakeQuant, no data
+tensor is read both raw and quantized, every input of a quantized
+concatenation is read through a FakeQuant with the concatenation's
+variables, no quantizer reads the loss, the model output has a range, and
+the training and eval graphs (with their feed and loss) quantize what the
+export graph (a placeholder, no loss) does. A failing example is shrunk greedily and both are
 reported. `tools/property/check.py` runs the same checks over 10,000
 networks and counts the violations.
 """
@@ -32,7 +38,7 @@ from tools.property import networks  # pylint: disable=g-import-not-at-top
 tf.compat.v1.disable_eager_execution()
 
 # Bounded so the target takes a few minutes on a 2-core machine.
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = 28
 _FIXED = networks.example_networks()
 
 
@@ -58,6 +64,9 @@ class PropertyTest(absltest.TestCase):
     @hypothesis.example(net=_FIXED["dense_unfused"])
     @hypothesis.example(net=_FIXED["concat_input"])
     @hypothesis.example(net=_FIXED["slim_head"])
+    @hypothesis.example(net=_FIXED["queue_pad_mse_const"])
+    @hypothesis.example(net=_FIXED["tf_data_hinge"])
+    @hypothesis.example(net=_FIXED["temperature_head"])
     @hypothesis.given(net=networks.networks())
     def test_invariants_hold_on_random_networks(self, net):
         self.assertTrue(networks.is_valid(net), net.describe())
@@ -100,7 +109,7 @@ class InvariantCheckersTest(absltest.TestCase):
         self.assertIn("added 1 ops", invariants._graph_def_change(before, g))  # pylint: disable=protected-access
 
     def test_strategy_draws_valid_networks_of_every_depth(self):
-        seen_depths = set()
+        seen_depths, feeds, pipelines, losses = set(), set(), set(), set()
 
         @hypothesis.settings(max_examples=200, derandomize=True, database=None,
                              deadline=None)
@@ -108,9 +117,26 @@ class InvariantCheckersTest(absltest.TestCase):
         def draw(net):
             self.assertTrue(networks.is_valid(net), net.describe())
             seen_depths.add(len(net.blocks))
+            feeds.add(net.feed)
+            pipelines.add(net.pipeline)
+            losses.add(net.loss)
 
         draw()  # pylint: disable=no-value-for-parameter
         self.assertEqual(seen_depths, set(range(1, 7)))
+        self.assertEqual(feeds, set(networks.FEEDS))
+        self.assertEqual(pipelines, set(networks.PIPELINES))
+        self.assertEqual(losses, set(networks.LOSSES))
+
+    def test_quantizer_on_the_loss_is_found(self):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2, 3], name="x")
+            with tf.name_scope("loss"):
+                y = x - 1.0
+            tf.quantization.fake_quant_with_min_max_vars(y, -1.0, 1.0, name="sub_quant/fq")
+        problems = invariants.loss_range_violations(g)
+        self.assertLen(problems, 1)
+        self.assertIn("loss/sub", problems[0])
 
     def test_shrink_keeps_failing_and_simplifies(self):
         net = networks.Network(4, False, (

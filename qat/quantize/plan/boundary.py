@@ -68,8 +68,12 @@ OPERAND_TYPES = frozenset(["Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "Bias
                            "Maximum", "Minimum", "SquaredDifference"])
 # What the model may compute after its layers: TFLite's integer ops.
 INTEGER_TYPES = op_table.OWN_RANGE_TYPES | frozenset(["RealDiv", "Div"])
-# An Identity names an output: what it reads is the model's.
-ANCHOR_TYPES = frozenset(["Identity"])
+# Steps that make what they read the model's: an Identity names an output;
+# activations, fixed-range ops and batch norms are what models compute (a
+# model ending in `sigmoid(x + skip)` ends there, whatever reads it).
+ANCHOR_TYPES = (frozenset(["Identity"]) | op_table.ACTIVATION_TYPES
+                | op_table.FUSABLE_ACTIVATION_TYPES | op_table.FIXED_RANGE_TYPES
+                | qp.BATCH_NORM_TYPES)
 # Where loss arithmetic ends: loss kernels (and scalars).
 LOSS_KERNEL_TYPES = qp.LOSS_KERNEL_TYPES
 
@@ -146,7 +150,7 @@ def kind_of(view, op: tf.Operation, tail_ops: Set[tf.Operation],
     if op.type in tensors.FAKE_QUANT_TYPES or op.type == "FakeQuantWithMinMaxArgs":
         return Kind(STEP, [op.inputs[0]])
     if op in whole_activations:
-        return Kind(STEP, [whole_activations[op]])
+        return Kind(STEP, [whole_activations[op]], anchor=True)
     if op in looked_through:
         return Kind(STEP, [looked_through[op]])
     operands = feeds.value_operands(op, 0, view.params)
@@ -157,16 +161,16 @@ def kind_of(view, op: tf.Operation, tail_ops: Set[tf.Operation],
         return Kind(STEP, operands, any_operand=True)
     if not operands:
         return None
-    if op.type in ANCHOR_TYPES:
-        return Kind(STEP, operands, anchor=True)
     if op.type in REDUCTION_TYPES:
         if _keeps_batch(op):
             return Kind(STEP, operands)
         return Kind(ARITHMETIC, operands) if op.type in INTEGER_TYPES else None
     if op.type in STEP_TYPES:
-        return Kind(STEP, operands)
+        return Kind(STEP, operands, anchor=op.type in ANCHOR_TYPES)
     if op.type in OPERAND_TYPES and len(operands) == 1 and len(op.inputs) == 2:
-        return Kind(ARITHMETIC if _constant_arithmetic(op, operands) else STEP, operands)
+        if _constant_arithmetic(op, operands):
+            return Kind(ARITHMETIC, operands)
+        return Kind(STEP, operands, anchor=True)  # With a model parameter: a bias, a scale.
     if op.type in INTEGER_TYPES:
         return Kind(ARITHMETIC, operands)
     return None
@@ -235,7 +239,7 @@ def find_boundary(view, tail_ops: Set[tf.Operation],
             k = kinds.get(op)
             if k is None or op in model or op not in loose:
                 continue
-            if k.anchor or (k.kind == STEP and holds(k, model)):
+            if k.anchor or holds(k, model) and k.kind == STEP:
                 add_with_ancestors(op)
                 changed = True
     view.model = model
