@@ -3,12 +3,16 @@
 Hypothesis draws small convolutional networks (tools/property/converter_networks.py:
 spatial sizes 1 to 8, input pre-processing, convs, depthwise and grouped
 convs, pools, global pools, squeeze-excite blocks, resizes into
-concatenations, logits and softmax heads); each is trained a few steps,
+concatenations, logits and softmax heads; trained from a placeholder, a
+tf.data iterator or a FIFO queue, through a pad or a reshape, with a loss
+that computes with constants or labels); each is trained a few steps,
 restored into its eval graph with a strict plain Saver, converted by
 TensorFlow's own converter to uint8 and int8, and must hold every invariant
 of tools/property/converter_invariants.py: the pipeline succeeds, the model is fully
 integer, every activation range is a TFLite tensor of its scale and zero
-point, and every layer is within one step of TFLite given TFLite's inputs.
+point, every layer is within one step of TFLite given TFLite's inputs, no
+quantizer of the training graph reads its loss, and the training graph
+quantizes what the converted eval graph does.
 A failing example is shrunk greedily and both are reported. Networks that run
 into a documented limit (`networks.known_limit`, docs/known_limits.md) are
 left out of the bounded run (none today; FixedRangeTest checks the last one, now fixed).
@@ -58,6 +62,7 @@ class ConverterPropertyTest(absltest.TestCase):
     @hypothesis.example(net=_FIXED["se"])
     @hypothesis.example(net=_FIXED["dead_squeeze"])
     @hypothesis.example(net=_FIXED["removed_max_into_concat"])
+    @hypothesis.example(net=_FIXED["queue_pad_mse_const"])
     @hypothesis.given(net=networks.conv_networks(grouped=True))
     def test_eval_graph_is_the_integer_model(self, net):
         self.assertTrue(networks.is_valid(net), net.describe())
@@ -82,7 +87,7 @@ class CheckersTest(absltest.TestCase):
     """The strategy and the shrinker do what they are meant to."""
 
     def test_strategy_draws_valid_networks_with_every_block(self):
-        kinds, sizes = set(), set()
+        kinds, sizes, pipelines = set(), set(), set()
 
         @hypothesis.settings(max_examples=300, derandomize=True, database=None,
                              deadline=None)
@@ -91,10 +96,14 @@ class CheckersTest(absltest.TestCase):
             self.assertTrue(networks.is_valid(net), net.describe())
             kinds.update(b.kind for b in net.blocks)
             sizes.add(net.spatial)
+            pipelines.add((net.feed, net.pipeline, net.loss))
 
         draw()  # pylint: disable=no-value-for-parameter
         self.assertEqual(kinds, set(networks.KINDS) | {networks.GROUPED})
         self.assertEqual(sizes, set(networks.SIZES))
+        self.assertEqual({f for f, _, _ in pipelines}, set(networks.FEEDS))
+        self.assertEqual({p for _, p, _ in pipelines}, set(networks.PIPELINES))
+        self.assertEqual({l for _, _, l in pipelines}, set(networks.LOSSES))
 
     def test_shrink_keeps_failing_and_simplifies(self):
         net = networks.ConvNet(6, "mean_std", (

@@ -68,6 +68,10 @@ def _hinge(y):  # {0, 1} labels from class ids: not computed by the model.
     return tf1.losses.hinge_loss(tf.one_hot(_labels(), CLASSES), y)
 
 
+def _hinge_constant_labels(y):  # Fixed class ids: a constant, but one per example.
+    return tf1.losses.hinge_loss(tf.one_hot(tf.constant([0, 1, 2, 3, 0, 1]), CLASSES), y)
+
+
 def _hinge_float_labels(y):
     return tf1.losses.hinge_loss(
         tf1.placeholder(tf.float32, [None, CLASSES], name="hinge_labels"), y)
@@ -118,7 +122,8 @@ def _target():
 _TAILS = {
     "mse_const": _mse_const, "mse_plus_const": _mse_plus_const,
     "losses_mse_const": _losses_mse_const, "mse_target": _mse_target,
-    "hinge": _hinge, "hinge_float_labels": _hinge_float_labels, "distill": _distill,
+    "hinge": _hinge, "hinge_float_labels": _hinge_float_labels,
+    "hinge_constant_labels": _hinge_constant_labels, "distill": _distill,
     "logit_scale": _logit_scale, "label_smoothing": _label_smoothing,
     "label_smoothing_soft": _label_smoothing_soft, "plain_ce": _plain_ce,
     "clamp": _clamp, "maximum0": _maximum0,

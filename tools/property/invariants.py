@@ -54,6 +54,8 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 import qat
 from qat.engine import marks
+from qat.quantize.plan import fixed_ranges
+from qat.quantize.plan import op_table
 from tools.property import networks
 
 INVARIANTS = (
@@ -334,16 +336,39 @@ def loss_range_violations(graph: tf.Graph) -> List[str]:
 
 
 def output_range_violations(built: "networks.Built") -> List[str]:
-    """The model output, if no FakeQuant quantizes it."""
+    """The model output, if it has no range: no FakeQuant quantizes it or what
+    it reads through same-scale ops (a pool keeps its input's scale), and it
+    is not on a kernel's fixed grid (a softmax's: `qat.quantize.plan.fixed_ranges`)."""
     t = built.output.op.inputs[0]
-    if _quantizing_fake_quant(t) is None:
-        return [f"the model output {t.name} ({t.op.type}) has no range"]
-    return []
+    for _ in range(100):
+        if _is_fake_quant(t.op) or fixed_ranges.fixed_grid(t.op) is not None:
+            return []
+        if not t.op.inputs or not (t.op.type in op_table.SAME_SCALE_TYPES
+                                   or t.op.type == "Select" or marks.made_by_qat(t.op)):
+            break
+        # A delayed quantizer's Select: its quantized input.
+        t = t.op.inputs[1] if t.op.type == "Select" else t.op.inputs[
+            op_table.same_scale_input(t.op, t.value_index)]
+    out = built.output.op.inputs[0]
+    return [f"the model output {out.name} ({out.op.type}) has no range"]
 
 
-def export_violations(suffix: str, built: "networks.Built", quantizers: Dict[str, tf.Tensor],
+def fed_quantizers(quantizers: Dict[str, tf.Tensor], fed: tf.Tensor) -> List[str]:
+    """The quantizers of the fed batch (the input's range before the pipeline)."""
+    return sorted(name for name, t in quantizers.items() if t is fed)
+
+
+def export_violations(suffix: str, fed: List[str], quantizers: Dict[str, tf.Tensor],
                       variables: Dict[str, tuple], export: dict) -> List[str]:
-    """How a training or eval graph's ranges differ from the export graph's."""
+    """How a training or eval graph's ranges differ from the export graph's.
+
+    Args:
+      suffix: the graph's name in messages.
+      fed: its quantizers of the fed batch (`fed_quantizers`).
+      quantizers: its `activation_quantizers`.
+      variables: its {variable name: shape}.
+      export: the export graph's "quantizers", "variables" and "fed".
+    """
     problems = []
     names, export_names = set(quantizers), set(export["quantizers"])
     if names != export_names:
@@ -354,7 +379,6 @@ def export_violations(suffix: str, built: "networks.Built", quantizers: Dict[str
     if ranges != export_ranges:
         problems.append(f"{suffix} range variables {sorted(ranges - export_ranges)} not in "
                         f"the export graph, {sorted(export_ranges - ranges)} missing")
-    fed = sorted(n for n, t in quantizers.items() if t is built.input)
     if fed != export["fed"]:
         problems.append(f"{suffix} quantizes the fed batch with {fed}, the export graph "
                         f"with {export['fed']}")
@@ -399,7 +423,7 @@ def _check_export(net, results, seed) -> None:
     quantizers = activation_quantizers(built.graph)
     results["_export"] = {
         "quantizers": quantizers, "variables": _variables(built.graph),
-        "fed": sorted(n for n, t in quantizers.items() if t is built.input)}
+        "fed": fed_quantizers(quantizers, built.input)}
 
 
 def _check_eval(net, results, seed) -> None:
@@ -478,7 +502,8 @@ def check_network(net: "networks.Network", seed: int = 0) -> Dict[str, Optional[
         for suffix, (built, found) in sorted(quantizers.items()):
             if suffix in variables:
                 _record(results, "same_ranges_as_export", suffix, export_violations(
-                    suffix, built, found, variables[suffix], export))
+                    suffix, fed_quantizers(found, built.input), found, variables[suffix],
+                    export))
     if len(variables) == 2:
         problems = symmetry_violations(variables["eval"], variables["training"])
         if problems:

@@ -56,10 +56,17 @@ from qat.quantize.plan import patterns as qp
 STEP = "step"
 ARITHMETIC = "arithmetic"
 
+# Ops that only move or copy values (reshape, squeeze, slices, pads,
+# transposes): the model's only where a model op (or an Identity) reads them;
+# a loss reshapes and slices the logits too.
+LAYOUT_TYPES = frozenset([
+    "Reshape", "Squeeze", "ExpandDims", "Transpose", "StridedSlice", "Slice",
+    "GatherV2", "Split", "SplitV", "Unpack", "Tile", "Pad", "PadV2", "MirrorPad",
+    "StopGradient", "PreventGradient"])
 # Ops that carry their one value operand on as the model does.
 STEP_TYPES = (op_table.ACTIVATION_TYPES | op_table.FUSABLE_ACTIVATION_TYPES
               | op_table.FIXED_RANGE_TYPES | op_table.SAME_SCALE_TYPES
-              | qp.BATCH_NORM_TYPES)
+              | qp.BATCH_NORM_TYPES) - LAYOUT_TYPES
 # Reductions: a step when they keep the batch axis and a rank (a global pool).
 REDUCTION_TYPES = frozenset(["Mean", "Sum", "Max", "Min", "Prod"])
 # Element-wise arithmetic with a second operand: with a model parameter a
@@ -165,11 +172,16 @@ def kind_of(view, op: tf.Operation, tail_ops: Set[tf.Operation],
         if _keeps_batch(op):
             return Kind(STEP, operands)
         return Kind(ARITHMETIC, operands) if op.type in INTEGER_TYPES else None
+    if op.type in LAYOUT_TYPES:
+        return Kind(ARITHMETIC, operands)
     if op.type in STEP_TYPES:
         return Kind(STEP, operands, anchor=op.type in ANCHOR_TYPES)
     if op.type in OPERAND_TYPES and len(operands) == 1 and len(op.inputs) == 2:
-        if _constant_arithmetic(op, operands):
-            return Kind(ARITHMETIC, operands)
+        other = [t for t in op.inputs if t is not operands[0]]
+        if other and feeds.per_example(other[0], operands[0]):
+            return None  # Constant labels: values the model does not compute.
+        if not other or _constant_arithmetic(op, operands):
+            return Kind(ARITHMETIC, operands)  # x * x, x - 1.
         return Kind(STEP, operands, anchor=True)  # With a model parameter: a bias, a scale.
     if op.type in INTEGER_TYPES:
         return Kind(ARITHMETIC, operands)

@@ -106,6 +106,18 @@ class Parameters(object):
         return self._memo[op]
 
 
+def per_example(t: tf.Tensor, like: tf.Tensor) -> bool:
+    """Whether `t` holds one value per example of `like`'s batch (axis 0).
+
+    A model parameter broadcasts over the batch (a bias [C], a scale
+    [1, 1, 1, C]); a constant with the batch axis (one-hot labels of fixed
+    class ids) is a per-example value, a label, even where it is constant.
+    """
+    rank = like.shape.rank
+    return (rank is not None and rank >= 2 and t.shape.rank == rank
+            and tf.compat.dimension_value(t.shape[0]) != 1)
+
+
 def value_operands(op: tf.Operation, index: int, params: Parameters) -> List[tf.Tensor]:
     """The float inputs of `op` that are not parameters (each once).
 

@@ -278,7 +278,7 @@ class GraphView(object):
                         continue  # A MUL of its own, never folded.
                     if _reduces_channels(c, layer):
                         continue  # Layer-norm statistics: ops of their own.
-                    if all(i.op in tail or self._is_tail_parameter(i)
+                    if all(i.op in tail or self._is_tail_parameter(i, c)
                            for i in c.inputs):
                         tail.add(c)
                         stack.append(c)
@@ -307,11 +307,14 @@ class GraphView(object):
         exits.sort(key=lambda t: (t.op._id, t.value_index))  # pylint: disable=protected-access
         return tail, exits[-1]
 
-    def _is_tail_parameter(self, t: tf.Tensor) -> bool:
-        """An operand a tail op may take besides the tail: never data, and a
-        parameter when it is a float (labels, targets or a teacher's outputs
-        never join a layer's tail; shapes and predicates may)."""
-        return not self.is_data(t) and (not is_float(t) or self.params(t))
+    def _is_tail_parameter(self, t: tf.Tensor, op: tf.Operation) -> bool:
+        """An operand tail op `op` may take besides the tail: never data, and a
+        parameter of the layer when it is a float (labels, targets or a
+        teacher's outputs never join a layer's tail, nor a constant with one
+        value per example; shapes and predicates may)."""
+        if self.is_data(t) or not is_float(t):
+            return not self.is_data(t)
+        return self.params(t) and not (op.outputs and feeds.per_example(t, op.outputs[0]))
 
     @staticmethod
     def _cut_at_batch_to_space(tail) -> None:
