@@ -1,10 +1,12 @@
 """What the quantize planner reads off a graph (no decisions, no edits).
 
-`GraphView` finds the layer ops, the gradient ops (never quantized), the data
-path (ops downstream of graph inputs, embedding lookups and layers), the
-consumers a quantizer of a tensor must feed, and the "tail" of a layer (bias
-add, batch norm, the fold pass's training tail) up to the tensor that is the
-layer's output.
+`GraphView` finds the layer ops, the gradient ops (never quantized), the
+model sources (`qat.quantize.plan.feeds`) and the data path (ops downstream
+of the sources, embedding lookups and layers), the consumers a quantizer of
+a tensor must feed, and the "tail" of a layer (bias add, batch norm, the
+fold pass's training tail) up to the tensor that is the layer's output. It
+holds the model/loss boundary (`model`, `loss`, `after_model`) that
+`qat.quantize.plan.boundary` decides.
 Module functions recognise quantizers an earlier pass built.
 """
 from typing import Dict, List, Optional, Set, Tuple

@@ -25,11 +25,13 @@ beside a quantized one.
   no range of their own; fixed-range ops (LOGISTIC, TANH, SOFTMAX) a constant
   one, their kernel's grid, where the model reads them
   (`qat.quantize.plan.fixed_ranges`).
-* A tensor an integer op reads that has no range yet (a graph input, a
-  tensor from outside `scope`): `<scope of its first model reader>/input_quant`
-  (what feeds the model differs between its training and export graphs).
-* Loss arithmetic (`GraphView.loss_ops`, walked back from the scalars it
-  reduces to): no range, no warning.
+* A tensor an integer op reads that has no range yet (a model source, found
+  by structure whatever feeds it: `qat.quantize.plan.feeds`; a tensor from
+  outside `scope`): `<scope of its first model reader>/input_quant` (what
+  feeds the model differs between its training and export graphs).
+* Nothing outside the model (`qat.quantize.plan.boundary`, decided once):
+  loss arithmetic gets no range and no warning; arithmetic after the
+  model's last range that something else reads is named in `left_float`.
 * Batch norms after no layer: `qat.quantize.emit.standalone_batch_norm`.
 * A concatenation and its inputs share one range; average pools and
   bilinear resizes round to their input's range:
