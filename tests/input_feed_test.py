@@ -25,7 +25,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import compat  # pylint: disable=g-import-not-at-top
-from tests import boundary_util  # pylint: disable=g-import-not-at-top
+import boundary_util  # pylint: disable=g-import-not-at-top
 
 compat.enable_slim()
 import tf_slim as slim  # pylint: disable=g-import-not-at-top

@@ -23,7 +23,7 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
-from tests import boundary_util  # pylint: disable=g-import-not-at-top
+import boundary_util  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
