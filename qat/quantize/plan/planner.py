@@ -225,8 +225,8 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
 
     def _after_model(self, op: tf.Operation) -> None:
         """Names an op after the model that reads a model output (`boundary`)."""
-        if op not in self.after_model:
-            return
+        if op not in self.after_model or self._same_scale(op):
+            return  # A same-scale op keeps the range it reads (a reshape of the softmax).
         read = [i.name for i in op.inputs if i.op in self.model and _is_float(i)]
         if read:
             self._leave(op.name, _AFTER_MODEL_REASON % (op.type, ", ".join(read)))
