@@ -131,6 +131,11 @@ def _keeps_batch(op: tf.Operation) -> bool:
     return 0 not in {int(a) % rank for a in np.ravel(axes)}
 
 
+def has_integer_kernel(op: tf.Operation) -> bool:
+    """Whether TFLite could run `op` in integer (qat's op table)."""
+    return op.type in INTEGER_TYPES or op.type in STEP_TYPES or op.type in LAYOUT_TYPES
+
+
 def is_root(op: tf.Operation) -> bool:
     """Where loss arithmetic ends: a loss kernel, or an op with scalar outputs only."""
     return op.type in LOSS_KERNEL_TYPES or bool(
@@ -262,7 +267,8 @@ def _split_rest(view, ordered: List[tf.Operation], model: Set[tf.Operation]) -> 
     """The data ops outside the model: the loss, and what is after the model."""
     rest = [op for op in ordered if op not in model
             and not marks.made_by_qat(op, marks.QUANTIZER, marks.QUANTIZER_OUTPUT)
-            and not qp.is_state_update(op)]
+            and not marks.is_replaced(op) and not qp.is_state_update(op)
+            and op.type not in qp.METADATA_TYPES]
     rest_set = set(rest)
     ends = []
     for op in rest:
@@ -280,6 +286,7 @@ def _split_rest(view, ordered: List[tf.Operation], model: Set[tf.Operation]) -> 
         if op in after:
             continue
         after.add(op)
-        stack.extend(i.op for i in op.inputs if i.op in rest_set and view.is_data(i))
+        stack.extend(i.op for i in op.inputs if i.op in rest_set and view.is_data(i)
+                     and tensors.is_float(i))
     view.after_model = after
     view.loss = rest_set - after

@@ -152,9 +152,13 @@ class GraphView(object):
         self.entries = {op: table for op, table in lookups.entry_ops(ops).items()
                         if op not in self.gradient_ops and (
                             table is not None or self._reaches_layer(op))}
+        # Batch norms are model ops wherever they are (one that follows no
+        # layer gets a range of its own, `standalone_batch_norm`).
+        self.batch_norms = [op for op in ops if op.type in qp.BATCH_NORM_TYPES
+                            and op not in self.gradient_ops]
         self.params = feeds.Parameters()
         self._find_sources()
-        self.model_ops = self._ancestors(self.layers)
+        self.model_ops = self._ancestors(self.layers + self.batch_norms)
         # Set by `find_boundary` (the planner, once the layers' tails are known).
         self.model: Set[tf.Operation] = set(self.model_ops)
         self.loss: Set[tf.Operation] = set()
@@ -170,7 +174,7 @@ class GraphView(object):
         """
         self.sources: Set[tf.Tensor] = set()
         self._data_outputs: Dict[tf.Operation, Set[int]] = {}
-        seeds = list(self.layers) + list(self.entries)
+        seeds = list(self.layers) + list(self.entries) + self.batch_norms
         while True:
             readers = [c for t in self.sources for c in t.consumers()]
             closure = forward_closure(seeds + readers) - self.gradient_ops
@@ -180,13 +184,14 @@ class GraphView(object):
                     self._data_outputs.setdefault(t.op, set()).add(t.value_index)
             self.data_ops = closure | set(self._data_outputs)
             found = set()
-            for layer in self.layers:
-                x = qp.data_input(layer)
+            inputs = ([qp.data_input(layer) for layer in self.layers]
+                      + [bn.inputs[0] for bn in self.batch_norms])
+            for x in inputs:
                 if tensors.is_float(x) and not self.is_data(x):
                     found.add(feeds.walk_to_source(x, self.params, feeds.dropout_input))
             source_ops = {t.op for t in self.sources}
-            for op in self._ancestors(self.layers):
-                if (op in source_ops or op in self.layers
+            for op in self._ancestors(self.layers + self.batch_norms):
+                if (op in source_ops or op in self.layers or op in self.batch_norms
                         or feeds.dropout_input(op) is not None):
                     continue
                 for t in feeds.value_operands(op, 0, self.params):

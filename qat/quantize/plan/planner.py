@@ -70,11 +70,11 @@ from qat.quantize.plan.graph import is_quantized_output
 _is_float = plan_graph.is_float
 
 _AFTER_MODEL_REASON = (
-    "after the model: %s reads the model output %s, but is not a model op "
-    "(arithmetic with a constant, or with a tensor the model does not "
-    "compute, that only a loss or nothing reads); it stays float after the "
-    "model's last range. Name the output with tf.identity to make it the "
-    "model's (docs/known_limits.md)")
+    "after the model: %s reads the model's %s, but is not a model op "
+    "(arithmetic with a constant, or a combination of model tensors or with "
+    "a tensor the model does not compute, that only a loss or nothing reads); "
+    "it stays float after the model's last range. Name the output with "
+    "tf.identity to make it the model's (docs/known_limits.md)")
 
 
 @dataclasses.dataclass
@@ -189,13 +189,13 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
             return
         if not self._in_scope(op) or not op.outputs:
             return
-        if op not in self.model:
-            self._after_model(op)
-            return  # Loss arithmetic, or after the model: no range (`boundary`).
         if marks.made_by_qat(op, marks.QUANTIZER, marks.QUANTIZER_OUTPUT):
             return  # An earlier call's quantizer (a second call): never a float layer.
         if marks.is_replaced(op):
             return  # Unconnected: a rewrite moved its consumers.
+        if op not in self.model:
+            self._after_model(op)
+            return  # Loss arithmetic, or after the model: no range (`boundary`).
         if (op.type in qp.BATCH_NORM_TYPES
                 or (op.type in op_table.FUNCTIONAL_TYPES
                     and standalone_batch_norms.is_batch_norm_cond(
@@ -225,11 +225,20 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
 
     def _after_model(self, op: tf.Operation) -> None:
         """Names an op after the model that reads a model output (`boundary`)."""
-        if op not in self.after_model or self._same_scale(op):
-            return  # A same-scale op keeps the range it reads (a reshape of the softmax).
-        read = [i.name for i in op.inputs if i.op in self.model and _is_float(i)]
-        if read:
+        if (op not in self.after_model or self._same_scale(op)
+                or op.type in qp.METADATA_TYPES or op.type in op_table.FUNCTIONAL_TYPES):
+            # A same-scale op keeps the range it reads (a reshape of the softmax);
+            # the layers inside a function call are named apart (`control_flow`).
+            return
+        read = [i.name for i in op.inputs if self.is_data(i) and _is_float(i)
+                and self._source(i).op in self.model]
+        if not read:
+            return
+        if boundary.has_integer_kernel(op):
             self._leave(op.name, _AFTER_MODEL_REASON % (op.type, ", ".join(read)))
+        else:
+            self._leave(op.name, "%s has no integer TFLite kernel in qat's table (it reads "
+                        "the model's %s)" % (op.type, ", ".join(read)))
 
     # --- Driver -------------------------------------------------------------
 
