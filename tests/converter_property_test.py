@@ -5,14 +5,18 @@ spatial sizes 1 to 8, input pre-processing, convs, depthwise and grouped
 convs with every activation kind (ReLU, ReLU6, leaky ReLU, hard-swish, swish,
 sigmoid, tanh, GELU) whose input an offset of 0, -3, -8 or +8 pushes to one
 side, pools, global pools, squeeze-excite blocks, resizes into
-concatenations, logits and softmax heads); each is trained a few steps,
+concatenations, logits and softmax heads; trained from a placeholder, a
+tf.data iterator or a FIFO queue, through a pad or a reshape, with a loss
+that computes with constants or labels); each is trained a few steps,
 restored into its eval graph with a strict plain Saver, converted by
 TensorFlow's own converter to uint8 and int8, and must hold every invariant
 of tools/property/converter_invariants.py: the pipeline succeeds, the model is fully
 integer, every activation range is a TFLite tensor of its scale and zero
 point, every layer is within one step of TFLite given TFLite's inputs, the
 ranges of the training graph's last step and of the eval graph meet TFLite's
-kernel preconditions, and the converted model prepares and runs.
+kernel preconditions, the converted model prepares and runs, no quantizer of
+the training graph reads its loss, and the training graph quantizes what the
+converted eval graph does.
 A failing example is shrunk greedily and both are reported. Networks that run
 into a documented limit (`networks.known_limit`, docs/known_limits.md) are
 left out of the bounded run (none today; FixedRangeTest checks the last one, now fixed).
@@ -64,6 +68,7 @@ class ConverterPropertyTest(absltest.TestCase):
     @hypothesis.example(net=_FIXED["removed_max_into_concat"])
     @hypothesis.example(net=_FIXED["dead_hard_swish"])
     @hypothesis.example(net=_FIXED["sigmoid_mean_1x1"])
+    @hypothesis.example(net=_FIXED["queue_pad_mse_const"])
     @hypothesis.given(net=networks.conv_networks(grouped=True))
     def test_eval_graph_is_the_integer_model(self, net):
         self.assertTrue(networks.is_valid(net), net.describe())
@@ -88,7 +93,7 @@ class CheckersTest(absltest.TestCase):
     """The strategy and the shrinker do what they are meant to."""
 
     def test_strategy_draws_valid_networks_with_every_block(self):
-        kinds, sizes, activations = set(), set(), set()
+        kinds, sizes, activations, pipelines = set(), set(), set(), set()
 
         @hypothesis.settings(max_examples=300, derandomize=True, database=None,
                              deadline=None)
@@ -99,6 +104,7 @@ class CheckersTest(absltest.TestCase):
             sizes.add(net.spatial)
             activations.update((b.activation, b.offset) for b in net.blocks
                                if b.kind in ("conv", "depthwise", networks.GROUPED))
+            pipelines.add((net.feed, net.pipeline, net.loss))
 
         draw()  # pylint: disable=no-value-for-parameter
         self.assertEqual(kinds, set(networks.KINDS) | {networks.GROUPED})
@@ -107,6 +113,9 @@ class CheckersTest(absltest.TestCase):
         self.assertEqual({a for a, _ in activations}, set(networks.ACTIVATIONS))
         self.assertEqual({o for a, o in activations if a == "hard_swish"},
                          set(networks.OFFSETS))
+        self.assertEqual({f for f, _, _ in pipelines}, set(networks.FEEDS))
+        self.assertEqual({p for _, p, _ in pipelines}, set(networks.PIPELINES))
+        self.assertEqual({l for _, _, l in pipelines}, set(networks.LOSSES))
 
     def test_shrink_keeps_failing_and_simplifies(self):
         net = networks.ConvNet(6, "mean_std", (

@@ -165,7 +165,7 @@ class LossArithmeticTest(parameterized.TestCase):
 class ScaledOutputTest(parameterized.TestCase):
     """docs/known_limits.md: arithmetic after the last layer that only the loss reads."""
 
-    def _variables(self, training, named_output):
+    def _build(self, training, named_output):
         g = tf.Graph()
         with g.as_default():
             x = tf1.placeholder(tf.float32, [None, 8], name="x")
@@ -175,18 +175,22 @@ class ScaledOutputTest(parameterized.TestCase):
             if training:
                 y = tf1.placeholder(tf.float32, [None, 4], name="y")
                 tf.reduce_mean(tf.square(pred - y))
-                qat.create_training_graph(g)
-            else:
-                qat.create_eval_graph(g)
-            return {v.op.name for v in tf1.global_variables()}
+            result = qat.insert_quant_ops(g, is_training=training)
+            return {v.op.name for v in tf1.global_variables()}, result
 
     def test_identity_ending_the_model_keeps_train_and_eval_symmetric(self):
-        eval_only = self._variables(False, True) - self._variables(True, True)
-        self.assertEqual(eval_only, set())
+        (training, _), (evaluation, _) = self._build(True, True), self._build(False, True)
+        self.assertEqual(evaluation - training, set())
+        self.assertIn("mul/mul_quant/min", evaluation)
 
-    def test_without_it_the_multiply_is_taken_for_loss(self):
-        eval_only = self._variables(False, False) - self._variables(True, False)
-        self.assertEqual(eval_only, {"mul/mul_quant/min", "mul/mul_quant/max"})
+    def test_without_it_the_multiply_stays_float_in_both_graphs(self):
+        (training, _), (evaluation, result) = self._build(True, False), self._build(False, False)
+        self.assertEqual(evaluation - training, set())
+        self.assertNotIn("mul/mul_quant/min", training | evaluation)
+        self.assertIn("dense/act_quant/min", evaluation)
+        # The eval graph names the multiply it leaves float after the model.
+        self.assertEqual([f.name for f in result.left_float], ["mul"])
+        self.assertIn("after the model", result.left_float[0].reason)
 
 
 if __name__ == "__main__":

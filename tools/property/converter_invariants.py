@@ -31,11 +31,19 @@ to both flavours, uint8 and int8. It returns, for each invariant of
 * `model_prepares`: TFLite prepares and runs the converted model
   (`qat.export.check_runnable`, which refuses scales that would abort the
   process before preparing them; either flavour).
+* `no_loss_ranges`: no quantizer of the training graph reads a tensor its
+  loss computes (`loss/`: issue #33's tails with constants and labels).
+* `same_ranges_as_export`: the training graph (fed by a placeholder, a
+  tf.data iterator or a FIFO queue, through pre-processing and a pad,
+  reshape or transpose, with its loss) has the activation quantizers and
+  range variables of the eval graph that is converted (the placeholder
+  `input`, no loss), and the same one quantizes the fed batch; the model
+  output has a range in both.
 """
 import os
 import shutil
 import tempfile
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -46,6 +54,7 @@ from qat import export
 from qat import report
 from qat.export import kernel_checks
 from tools.property import converter_networks as networks
+from tools.property import invariants as rewrite_invariants
 
 INVARIANTS = (
     "pipeline_succeeds",
@@ -55,6 +64,8 @@ INVARIANTS = (
     "layers_within_one_step",
     "kernel_preconditions",
     "model_prepares",
+    "no_loss_ranges",
+    "same_ranges_as_export",
 )
 FLAVOURS = ("uint8", "int8")
 TRAIN_STEPS = 3
@@ -73,17 +84,31 @@ def _session(graph: tf.Graph) -> tf.compat.v1.Session:
     return tf.compat.v1.Session(graph=graph, config=config)
 
 
-def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0) -> Optional[str]:
+def ranges(built: "networks.BuiltNet") -> dict:
+    """What a rewritten graph quantizes, for `same_ranges_as_export`."""
+    quantizers = rewrite_invariants.activation_quantizers(built.graph)
+    with built.graph.as_default():
+        variables = {v.op.name: tuple(v.shape.as_list()) for v in tf.compat.v1.global_variables()}
+    return {"quantizers": quantizers, "variables": variables,
+            "fed": rewrite_invariants.fed_quantizers(quantizers, built.input),
+            "loss": rewrite_invariants.loss_range_violations(built.graph),
+            "output": rewrite_invariants.output_range_violations(built)}
+
+
+def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0
+          ) -> Tuple[dict, Optional[str]]:
     """Builds, rewrites and trains the training graph; saves `checkpoint`.
 
     Returns:
-      The kernel preconditions the ranges its FakeQuants read in the last
-      step violate (a message), or None.
+      What the rewritten training graph quantizes (`ranges`), and the kernel
+      preconditions the ranges its FakeQuants read in the last step violate
+      (a message), or None.
     """
-    built = networks.build(net, training=True, seed=seed)
+    built = networks.build(net, training=True, seed=seed, batch=TRAIN_BATCH)
     graph = built.graph
     with graph.as_default():
         qat.experimental_create_training_graph(graph, symmetric_weights=True)
+        found = ranges(built)
         updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
         with tf.control_dependencies(updates + [built.loss]):
             if tf.compat.v1.trainable_variables():
@@ -94,14 +119,14 @@ def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0) -> Optional[s
         init = tf.compat.v1.global_variables_initializer()
         saver = tf.compat.v1.train.Saver()
         requirements = kernel_checks.graph_requirements(graph)
-        ranges = kernel_checks.fetches(requirements)
+        range_fetches = kernel_checks.fetches(requirements)
     with _session(graph) as sess:
         sess.run(init)
         for step in range(TRAIN_STEPS):
-            _, values = sess.run([train_op, ranges],
+            _, values = sess.run([train_op, range_fetches],
                                  {built.input: networks.inputs(net, TRAIN_BATCH, seed + step)})
         saver.save(sess, checkpoint)
-    return _describe(kernel_checks.violations(requirements, values))
+    return found, _describe(kernel_checks.violations(requirements, values))
 
 
 def _describe(violations) -> Optional[str]:
@@ -114,13 +139,18 @@ def _eval_kernel_violations(sess: tf.compat.v1.Session) -> Optional[str]:
     return _describe(kernel_checks.violations(requirements, values))
 
 
-def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0
+def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0, found=None
                  ) -> tf.compat.v1.Session:
-    """The eval graph, rewritten and restored with a plain Saver (strict)."""
+    """The eval graph, rewritten and restored with a plain Saver (strict).
+
+    `found`, a dict, gets what the eval graph quantizes (`ranges`).
+    """
     built = networks.build(net, training=False, seed=seed)
     graph = built.graph
     with graph.as_default():
         qat.experimental_create_eval_graph(graph, symmetric_weights=True)
+        if found is not None:
+            found.update(ranges(built))
         saver = tf.compat.v1.train.Saver()
     sess = _session(graph)
     try:
@@ -172,13 +202,17 @@ def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[
     sess = None
     try:
         checkpoint = os.path.join(workdir, "model")
-        _record(results, "kernel_preconditions", "training graph", train(net, checkpoint, seed))
+        training, kernel_violations = train(net, checkpoint, seed)
+        _record(results, "kernel_preconditions", "training graph", kernel_violations)
         stage = "eval graph"
+        eval_ranges = {}
         try:
-            sess = restore_eval(net, checkpoint, seed)
+            sess = restore_eval(net, checkpoint, seed, found=eval_ranges)
         except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
             results["strict_restore"] = str(e).splitlines()[0][:400]
             return results
+        finally:
+            _compare(results, training, eval_ranges)
         _record(results, "kernel_preconditions", "eval graph", _eval_kernel_violations(sess))
         stage = "freeze"
         frozen = export.freeze_session(sess, ["output"])
@@ -211,6 +245,22 @@ def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[
             sess.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return results
+
+
+def _compare(results: Dict[str, Optional[str]], training: dict, eval_ranges: dict) -> None:
+    """`no_loss_ranges` and `same_ranges_as_export` from the two graphs' `ranges`."""
+    if training["loss"]:
+        results["no_loss_ranges"] = "training: " + "; ".join(training["loss"])[:600]
+    if not eval_ranges:
+        return
+    problems = [f"{graph}: {p}" for graph, found in (("training", training),
+                                                      ("eval", eval_ranges))
+                for p in found["output"]]
+    problems += rewrite_invariants.export_violations(
+        "training", training["fed"], training["quantizers"], training["variables"],
+        eval_ranges)
+    if problems:
+        results["same_ranges_as_export"] = "; ".join(problems)[:600]
 
 
 def violations(net: "networks.ConvNet", seed: int = 0) -> Dict[str, str]:

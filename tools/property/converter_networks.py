@@ -57,6 +57,18 @@ OFFSETS = (0.0, -3.0, -8.0, 8.0)
 VARIANTS = {"pool": ("avg", "max"), "global_pool": ("mean", "max"),
             "se": ("sigmoid", "hard_sigmoid"), "resize_concat": ("bilinear", "nearest")}
 HEADS = ("none", "logits", "softmax")
+# Issue #33: how the training graph gets its batch (the eval graph, which is
+# converted, always has the placeholder `input`), a same-scale op on the
+# way in (a pad after the pre-processing, of a smaller input: slim's
+# `conv2d_same`; a reshape of a flat input, before it) and the
+# training loss, under `loss/` (mean square; against a constant; a
+# cross-entropy at temperature 2; label smoothing; hinge `1 - y * logits`).
+FEEDS = ("placeholder", "tf.data", "queue")
+# (A transposed input is left out: the converter merges the input's QUANTIZE
+# into the TRANSPOSE, whose tensor `qat.export`'s range survival and layer
+# numerics do not match to the range before it; the rewrite suite draws it.)
+PIPELINES = ("none", "pad", "reshape")
+LOSSES = ("mse", "mse_const", "temperature", "label_smoothing", "hinge")
 WEIGHTED = ("conv", "depthwise", GROUPED, "se", "resize_concat")
 INPUT_CHANNELS = 3
 CLASSES = 3
@@ -83,18 +95,23 @@ class ConvNet:
     preprocessing: str
     blocks: Tuple[ConvBlock, ...]
     head: str = "none"
+    feed: str = "placeholder"
+    pipeline: str = "none"
+    loss: str = "mse"
 
     def size(self) -> int:
         """A measure to pick the smallest of several failing networks."""
         return (sum(10 + b.batch_norm + (b.activation != "none") + (b.stride != 1)
                     + (b.kind != "conv") + (b.offset != 0.0) for b in self.blocks)
                 + (self.preprocessing != "none") * 3 + (self.head != "none") * 3
-                + self.spatial)
+                + self.spatial + (self.feed != "placeholder") + (self.pipeline != "none")
+                + (self.loss != "mse"))
 
     def describe(self) -> str:
         """One line per block, for reports."""
         lines = [f"input {self.spatial}x{self.spatial}x{INPUT_CHANNELS}, pre-processing "
-                 f"{self.preprocessing}, head {self.head}"]
+                 f"{self.preprocessing}, head {self.head}; training: feed {self.feed}, "
+                 f"pipeline {self.pipeline}, loss {self.loss}"]
         for i, b in enumerate(self.blocks):
             extra = {"conv": "", "depthwise": "", "grouped": f" groups={b.groups}"}
             if b.kind in extra:
@@ -116,6 +133,10 @@ def walk(net: ConvNet) -> List[Tuple[int, int]]:
     """
     if net.spatial < 1 or net.preprocessing not in PREPROCESSING or net.head not in HEADS:
         raise ValueError("bad input size, pre-processing or head")
+    if net.feed not in FEEDS or net.pipeline not in PIPELINES or net.loss not in LOSSES:
+        raise ValueError("bad feed, pipeline or loss")
+    if net.pipeline == "pad" and net.spatial < 3:
+        raise ValueError("a pad needs a map of 3x3 or more")
     if not net.blocks:
         raise ValueError("no blocks")
     channels, size = INPUT_CHANNELS, net.spatial
@@ -196,7 +217,12 @@ def conv_networks(draw, max_depth: int = 4, grouped: bool = False) -> ConvNet:
         blocks.append(block)
     if not any(b.kind in WEIGHTED for b in blocks):
         blocks.append(ConvBlock("conv", draw(st.integers(2, 4))))
-    return ConvNet(size, preprocessing, tuple(blocks), draw(st.sampled_from(HEADS)))
+    pipeline = draw(st.sampled_from(PIPELINES))
+    if pipeline == "pad" and size < 3:
+        pipeline = "none"
+    return ConvNet(size, preprocessing, tuple(blocks), draw(st.sampled_from(HEADS)),
+                   feed=draw(st.sampled_from(FEEDS)), pipeline=pipeline,
+                   loss=draw(st.sampled_from(LOSSES)))
 
 
 def known_limit(net: ConvNet) -> Optional[str]:
@@ -219,6 +245,9 @@ def simpler(net: ConvNet):
         yield dataclasses.replace(net, head="none")
     if net.preprocessing != "none":
         yield dataclasses.replace(net, preprocessing="none")
+    for field, value in (("feed", "placeholder"), ("pipeline", "none"), ("loss", "mse")):
+        if getattr(net, field) != value:
+            yield dataclasses.replace(net, **{field: value})
     for size in SIZES:
         if size < net.spatial:
             yield dataclasses.replace(net, spatial=size)
@@ -265,8 +294,28 @@ def input_range(net: ConvNet) -> Tuple[float, float]:
     return (0.0, 1.0) if net.preprocessing == "none" else (0.0, 255.0)
 
 
+def feed_shape(net: ConvNet) -> List[Optional[int]]:
+    """The shape of the fed batch (before the pipeline; batch free)."""
+    s = net.spatial
+    if net.pipeline == "pad":
+        return [None, s - 2, s - 2, INPUT_CHANNELS]
+    if net.pipeline == "reshape":
+        return [None, s * s * INPUT_CHANNELS]
+    return [None, s, s, INPUT_CHANNELS]
+
+
 def inputs(net: ConvNet, n: int, seed: int = 0) -> np.ndarray:
-    """n deterministic examples: half noise, half a coarse pattern, each its own contrast."""
+    """n deterministic examples in the fed shape (`feed_shape`)."""
+    x = _images(net, n, seed)
+    if net.pipeline == "pad":
+        return np.ascontiguousarray(x[:, 1:-1, 1:-1])
+    if net.pipeline == "reshape":
+        return x.reshape(n, -1)
+    return x
+
+
+def _images(net: ConvNet, n: int, seed: int) -> np.ndarray:
+    """n images: half noise, half a coarse pattern, each its own contrast."""
     rng = np.random.RandomState(seed)
     shape = (n, net.spatial, net.spatial, INPUT_CHANNELS)
     coarse_size = min(net.spatial, 2)
@@ -369,19 +418,70 @@ def _block(x: tf.Tensor, b: ConvBlock, training: bool) -> tf.Tensor:
     return tf.concat([x, p], axis=-1)
 
 
-def build(net: ConvNet, training: bool, seed: int = 0) -> BuiltNet:
-    """Builds `net` in a new graph (resource variables, batch size free).
+def _feed(net: ConvNet, kind: str, batch: int) -> tf.Tensor:
+    """The fed batch: a placeholder's (`input`), a tf.data iterator's or a FIFO
+    queue's, with labels beside it (which are not model data)."""
+    shape = feed_shape(net)
+    if kind == "placeholder":
+        return tf.compat.v1.placeholder(tf.float32, shape, name="input")
+    element = (np.zeros(shape[1:], np.float32), np.int32(0))
+    if kind == "tf.data":
+        ds = tf.data.Dataset.from_tensors(element).repeat().batch(batch, drop_remainder=True)
+        return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()[0]
+    queue = tf.compat.v1.FIFOQueue(2 * batch, [tf.float32, tf.int32], [shape[1:], []])
+    return queue.dequeue_many(batch)[0]
 
-    The output is `tf.identity(..., name="output")`; in training mode the loss
-    is the mean squared output.
+
+def _pipeline(x: tf.Tensor, net: ConvNet) -> tf.Tensor:
+    """Fed batch -> images -> pre-processing -> pad (`PIPELINES`)."""
+    x = _preprocess(_layout(x, net), net.preprocessing)
+    if net.pipeline == "pad":
+        return tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]])
+    return x
+
+
+def _layout(x: tf.Tensor, net: ConvNet) -> tf.Tensor:
+    """A flat batch as NHWC images."""
+    if net.pipeline == "reshape":
+        return tf.reshape(x, [-1, net.spatial, net.spatial, INPUT_CHANNELS])
+    return x
+
+
+def _loss(out: tf.Tensor, kind: str) -> tf.Tensor:
+    """The training loss (`LOSSES`), under `loss/`."""
+    with tf.name_scope("loss"):
+        if kind == "mse":
+            return tf.reduce_mean(tf.square(out))
+        if kind == "mse_const":
+            return tf.reduce_mean(tf.square(out - 1.0))
+        classes = int(np.prod(out.shape.as_list()[1:]))
+        logits = tf.reshape(out, [-1, classes])
+        labels = tf.compat.v1.placeholder_with_default(
+            tf.zeros(tf.shape(logits)[:1], tf.int32), [None], name="labels")
+        if kind == "temperature":
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=logits / 2.0))
+        one_hot = tf.one_hot(labels, classes)
+        if kind == "label_smoothing":
+            return tf.compat.v1.losses.softmax_cross_entropy(one_hot, logits,
+                                                             label_smoothing=0.1)
+        return tf.compat.v1.losses.hinge_loss(one_hot, logits)
+
+
+def build(net: ConvNet, training: bool, seed: int = 0, batch: int = 8) -> BuiltNet:
+    """Builds `net` in a new graph (resource variables).
+
+    The output is `tf.identity(..., name="output")`. In training mode the
+    batch (`batch` examples) comes from `net.feed` and the loss is `net.loss`;
+    in eval mode (the graph that is converted) from the placeholder `input`
+    (batch size free), with no loss.
     """
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)
-        x = tf.compat.v1.placeholder(tf.float32, [None, net.spatial, net.spatial, INPUT_CHANNELS],
-                                     name="input")
+        x = _feed(net, net.feed if training else "placeholder", batch)
         with tf.compat.v1.variable_scope("net", use_resource=True):
-            y = _preprocess(x, net.preprocessing)
+            y = _pipeline(x, net)
             for i, block in enumerate(net.blocks):
                 with tf.compat.v1.variable_scope(f"block{i}"):
                     y = _block(y, block, training)
@@ -398,7 +498,7 @@ def build(net: ConvNet, training: bool, seed: int = 0) -> BuiltNet:
                     if net.head == "softmax":
                         y = tf.nn.softmax(y)
         out = tf.identity(y, name="output")
-        loss = tf.reduce_mean(tf.square(out), name="loss") if training else None
+        loss = _loss(out, net.loss) if training else None
     return BuiltNet(graph, x, out, loss)
 
 
@@ -437,4 +537,9 @@ def example_networks() -> dict:
             ConvBlock("conv", 4, batch_norm=True, activation="hard_swish", offset=-8.0),
             ConvBlock("conv", 4, activation="gelu", offset=-8.0),
             ConvBlock("conv", 3, activation="none")), head="logits"),
+        # Issue #33: slim ResNet's start trained from a FIFO queue (x / 127.5 - 1,
+        # then a pad), with an MSE loss against a constant on the logits.
+        "queue_pad_mse_const": ConvNet(6, "scale_offset", (
+            ConvBlock("conv", 4, stride=2, batch_norm=True),), head="logits",
+            feed="queue", pipeline="pad", loss="mse_const"),
     }

@@ -36,6 +36,18 @@ and training mode), rewrites both and returns, for each invariant of
   integer kernels (`qat.quantize.plan.kernel_preconditions`, checked by
   `qat.export.kernel_checks`): the ranges of activations pushed to one side
   (`Block.offset`) included.
+* `no_loss_ranges`: no activation quantizer reads a tensor the loss computes
+  (`loss/`: mean square, against a constant, cross-entropy at a temperature,
+  label smoothing, hinge), in the training graph nor in the eval graph,
+  which computes the loss too (issue #33).
+* `outputs_keep_ranges`: the model output (the tensor `output` names) is
+  read through a FakeQuant, in the training, eval and export graphs.
+* `same_ranges_as_export`: the training and eval graphs (fed by a
+  placeholder, a tf.data iterator or a FIFO queue, with the loss) have the
+  activation quantizers and range variables of the export graph (a
+  placeholder, no loss), and the one that quantizes the fed batch is the
+  same: the input's range does not move with the feed or the pipeline
+  after it (preprocessing, a pad, a reshape, a transpose).
 
 The checks are structural except those that run a Session (one thread).
 """
@@ -49,6 +61,8 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 import qat
 from qat.engine import marks
 from qat.export import kernel_checks
+from qat.quantize.plan import fixed_ranges
+from qat.quantize.plan import op_table
 from tools.property import networks
 
 INVARIANTS = (
@@ -64,6 +78,9 @@ INVARIANTS = (
     "train_eval_symmetry",
     "shared_concat_ranges",
     "kernel_preconditions",
+    "no_loss_ranges",
+    "outputs_keep_ranges",
+    "same_ranges_as_export",
 )
 TOLERANCE = 1e-4
 LAYER_TYPES = frozenset([
@@ -180,7 +197,7 @@ def _is_statistic(op: tf.Operation) -> bool:
 
 
 _SAME_SCALE = frozenset(["Identity", "Reshape", "MaxPool", "Pad", "Squeeze",
-                         "ExpandDims", "Select", "Cast",
+                         "ExpandDims", "Select", "Cast", "Transpose",
                          # An atrous layer's range is on the conv output, the
                          # tensor TFLite's CONV_2D writes (docs/what_gets_a_range.md).
                          "BatchToSpaceND", "SpaceToBatchND"])
@@ -303,6 +320,90 @@ def symmetry_violations(eval_vars: Dict[str, tuple],
     return problems
 
 
+def _quantized_tensor(fake_quant: tf.Operation) -> tf.Tensor:
+    """The tensor a FakeQuant quantizes (back through qat's own ops)."""
+    t = fake_quant.inputs[0]
+    for _ in range(16):
+        if not marks.made_by_qat(t.op):
+            return t
+        t = t.op.inputs[0]
+    return t
+
+
+def activation_quantizers(graph: tf.Graph) -> Dict[str, tf.Tensor]:
+    """{activation quantizer name: the tensor it quantizes} (no weights, no gradients)."""
+    found = {}
+    for op in graph.get_operations():
+        if not _is_fake_quant(op) or op.name.startswith("gradients"):
+            continue
+        name = op.name.rsplit("/", 1)[0]
+        if not name.endswith("weights_quant"):
+            found[name] = _quantized_tensor(op)
+    return found
+
+
+def _range_variable_names(variables: Dict[str, tuple]) -> Set[str]:
+    return {name for name in variables if name.endswith(("_quant/min", "_quant/max"))
+            and "weights_quant" not in name}
+
+
+def loss_range_violations(graph: tf.Graph) -> List[str]:
+    """Quantizers on loss arithmetic (tensors computed under `loss/`)."""
+    return [f"{name} quantizes the loss's {t.name}"
+            for name, t in sorted(activation_quantizers(graph).items())
+            if t.op.name.startswith("loss/")]
+
+
+def output_range_violations(built: "networks.Built") -> List[str]:
+    """The model output, if it has no range: no FakeQuant quantizes it or what
+    it reads through same-scale ops (a pool keeps its input's scale), and it
+    is not on a kernel's fixed grid (a softmax's: `qat.quantize.plan.fixed_ranges`)."""
+    t = built.output.op.inputs[0]
+    for _ in range(100):
+        if _is_fake_quant(t.op) or fixed_ranges.fixed_grid(t.op) is not None:
+            return []
+        if not t.op.inputs or not (t.op.type in op_table.SAME_SCALE_TYPES
+                                   or t.op.type == "Select" or marks.made_by_qat(t.op)):
+            break
+        # A delayed quantizer's Select: its quantized input.
+        t = t.op.inputs[1] if t.op.type == "Select" else t.op.inputs[
+            op_table.same_scale_input(t.op, t.value_index)]
+    out = built.output.op.inputs[0]
+    return [f"the model output {out.name} ({out.op.type}) has no range"]
+
+
+def fed_quantizers(quantizers: Dict[str, tf.Tensor], fed: tf.Tensor) -> List[str]:
+    """The quantizers of the fed batch (the input's range before the pipeline)."""
+    return sorted(name for name, t in quantizers.items() if t is fed)
+
+
+def export_violations(suffix: str, fed: List[str], quantizers: Dict[str, tf.Tensor],
+                      variables: Dict[str, tuple], export: dict) -> List[str]:
+    """How a training or eval graph's ranges differ from the export graph's.
+
+    Args:
+      suffix: the graph's name in messages.
+      fed: its quantizers of the fed batch (`fed_quantizers`).
+      quantizers: its `activation_quantizers`.
+      variables: its {variable name: shape}.
+      export: the export graph's "quantizers", "variables" and "fed".
+    """
+    problems = []
+    names, export_names = set(quantizers), set(export["quantizers"])
+    if names != export_names:
+        problems.append(f"{suffix} quantizers {sorted(names - export_names)} not in the export "
+                        f"graph, {sorted(export_names - names)} missing")
+    ranges, export_ranges = (_range_variable_names(variables),
+                             _range_variable_names(export["variables"]))
+    if ranges != export_ranges:
+        problems.append(f"{suffix} range variables {sorted(ranges - export_ranges)} not in "
+                        f"the export graph, {sorted(export_ranges - ranges)} missing")
+    if fed != export["fed"]:
+        problems.append(f"{suffix} quantizes the fed batch with {fed}, the export graph "
+                        f"with {export['fed']}")
+    return problems
+
+
 def _structural(results, suffix, built) -> None:
     problems = weights_violations(built.graph, built.kernels)
     if problems:
@@ -317,6 +418,31 @@ def _structural(results, suffix, built) -> None:
     problems = shared_concat_violations(built.graph, built.input)
     if problems and results.get("shared_concat_ranges") is None:
         results["shared_concat_ranges"] = f"{suffix}: " + "; ".join(problems)
+    _boundary(results, suffix, built)
+
+
+def _record(results, name: str, suffix: str, problems: List[str]) -> None:
+    if problems and results.get(name) is None:
+        results[name] = f"{suffix}: " + "; ".join(problems)[:600]
+
+
+def _boundary(results, suffix, built) -> None:
+    """The model/loss boundary and the feed (issue #33)."""
+    _record(results, "no_loss_ranges", suffix, loss_range_violations(built.graph))
+    _record(results, "outputs_keep_ranges", suffix, output_range_violations(built))
+    quantizers = activation_quantizers(built.graph)
+    results.setdefault("_quantizers", {})[suffix] = (built, quantizers)
+
+
+def _check_export(net, results, seed) -> None:
+    """The export graph: a placeholder, the model, no loss (eval rewrite)."""
+    built = networks.build(net, training=False, seed=seed, export=True)
+    qat.create_eval_graph(built.graph)
+    _record(results, "outputs_keep_ranges", "export", output_range_violations(built))
+    quantizers = activation_quantizers(built.graph)
+    results["_export"] = {
+        "quantizers": quantizers, "variables": _variables(built.graph),
+        "fed": fed_quantizers(quantizers, built.input)}
 
 
 def _check_eval(net, results, seed) -> None:
@@ -399,13 +525,21 @@ def check_network(net: "networks.Network", seed: int = 0) -> Dict[str, Optional[
       {invariant: None if it holds, else a message}, for every INVARIANTS name.
     """
     results: Dict[str, Optional[str]] = {name: None for name in INVARIANTS}
-    for check in (_check_eval, _check_training):
+    for check in (_check_eval, _check_training, _check_export):
         try:
             check(net, results, seed)
         except Exception as e:  # pylint: disable=broad-except
             results["rewrite_succeeds"] = (
                 f"{check.__name__[7:]}: {type(e).__name__}: {e}"[:400])
     variables = results.pop("_variables", {})
+    quantizers = results.pop("_quantizers", {})
+    export = results.pop("_export", None)
+    if export is not None:
+        for suffix, (built, found) in sorted(quantizers.items()):
+            if suffix in variables:
+                _record(results, "same_ranges_as_export", suffix, export_violations(
+                    suffix, fed_quantizers(found, built.input), found, variables[suffix],
+                    export))
     if len(variables) == 2:
         problems = symmetry_violations(variables["eval"], variables["training"])
         if problems:

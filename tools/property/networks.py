@@ -50,6 +50,17 @@ HEADS = ("none", "squeeze", "reshape", "identity")
 BATCH_NORMS = ("none", "fused", "unfused")
 RESIDUALS = ("none", "pre", "post")
 CONCATS = ("none", "block_input", "net_input")
+# How the training graph gets its batch (eval graphs alike; the export graph
+# always has a placeholder): issue #33's feeds.
+FEEDS = ("placeholder", "tf.data", "queue")
+# What runs between the feed and the first block: preprocessing with
+# constants and same-scale ops (a pad of a smaller input, a reshape of a
+# flat one, a transpose from channels first).
+PIPELINES = ("none", "scale", "pad", "scale_pad", "reshape", "transpose")
+# The loss the training graph (and the eval graph) computes from the output:
+# mean square, mean square against a constant, cross-entropy of the logits
+# at temperature 2, label smoothing, hinge `1 - y * logits` (labels fed).
+LOSSES = ("mse", "mse_const", "temperature", "label_smoothing", "hinge")
 BATCH = 4
 SPATIAL = 5
 INPUT_CHANNELS = 3
@@ -79,6 +90,9 @@ class Network:
     head: str = "none"
     head_in_scope: bool = True
     head_dropout: str = "none"
+    feed: str = "placeholder"
+    pipeline: str = "none"
+    loss: str = "mse"
 
     def size(self) -> int:
         """A measure to pick the smallest of several failing networks."""
@@ -88,14 +102,16 @@ class Network:
                     (b.dropout != "none") + (b.offset != 0.0)
                     for b in self.blocks)
                 + (self.head != "none") * 5 + (not self.head_in_scope)
-                + (self.head_dropout != "none"))
+                + (self.head_dropout != "none") + (self.feed != "placeholder")
+                + (self.pipeline != "none") + (self.loss != "mse"))
 
     def describe(self) -> str:
         """One line per block, for reports."""
         lines = [f"input rank {self.input_rank}, "
                  f"{'resource' if self.resource else 'ref'} variables, head "
                  f"{self.head} ({'inside' if self.head_in_scope else 'outside'} "
-                 f"the model scope, dropout={self.head_dropout})"]
+                 f"the model scope, dropout={self.head_dropout}), feed {self.feed}, "
+                 f"pipeline {self.pipeline}, loss {self.loss}"]
         for i, b in enumerate(self.blocks):
             lines.append(
                 f"  block{i}: dropout={b.dropout} {b.layer}({b.channels}) "
@@ -146,11 +162,13 @@ def networks(draw, max_depth: int = 6) -> Network:
         elif blocks[-1].concat == "net_input":
             channels += INPUT_CHANNELS if input_rank == 4 else INPUT_FEATURES
     head = draw(st.sampled_from(HEADS))
+    pipeline = dict(feed=draw(st.sampled_from(FEEDS)), pipeline=draw(st.sampled_from(PIPELINES)),
+                    loss=draw(st.sampled_from(LOSSES)))
     if head == "none":
-        return Network(input_rank, resource, tuple(blocks))
+        return Network(input_rank, resource, tuple(blocks), **pipeline)
     return Network(input_rank, resource, tuple(blocks), head=head,
                    head_in_scope=draw(st.booleans()),
-                   head_dropout=draw(st.sampled_from(DROPOUTS)))
+                   head_dropout=draw(st.sampled_from(DROPOUTS)), **pipeline)
 
 
 def is_valid(net: Network) -> bool:
@@ -160,6 +178,8 @@ def is_valid(net: Network) -> bool:
     if net.head not in HEADS or net.head_dropout not in DROPOUTS:
         return False
     if net.head == "none" and (net.head_dropout != "none" or not net.head_in_scope):
+        return False
+    if net.feed not in FEEDS or net.pipeline not in PIPELINES or net.loss not in LOSSES:
         return False
     rank = net.input_rank
     channels = INPUT_CHANNELS if rank == 4 else INPUT_FEATURES
@@ -210,6 +230,9 @@ def simpler(net: Network):
             yield dataclasses.replace(net, blocks=tuple(new))
     if not net.resource:
         yield dataclasses.replace(net, resource=True)
+    for field, value in (("feed", "placeholder"), ("pipeline", "none"), ("loss", "mse")):
+        if getattr(net, field) != value:
+            yield dataclasses.replace(net, **{field: value})
 
 
 def shrink(net: Network, still_fails, budget: int = 60) -> Network:
@@ -358,22 +381,96 @@ def _batch_norm(y: tf.Tensor, kind: str, training: bool, offset: float = 0.0) ->
         moving_variance_initializer=tf.compat.v1.random_uniform_initializer(0.5, 2.0))
 
 
-def build(net: Network, training: bool, seed: int = 0) -> Built:
+def model_shape(net: Network) -> List[int]:
+    """The shape of the first block's input."""
+    if net.input_rank == 4:
+        return [BATCH, SPATIAL, SPATIAL, INPUT_CHANNELS]
+    return [BATCH, INPUT_FEATURES]
+
+
+def feed_shape(net: Network) -> List[int]:
+    """The shape of the fed batch (before the pipeline)."""
+    shape = model_shape(net)
+    if net.pipeline in ("pad", "scale_pad"):
+        return [BATCH] + [d - 2 for d in shape[1:-1]] + shape[-1:] if net.input_rank == 4 \
+            else [BATCH, shape[1] - 2]
+    if net.pipeline == "reshape":
+        return [BATCH, int(np.prod(shape[1:]))] if net.input_rank == 4 else [BATCH, 2, 3]
+    if net.pipeline == "transpose":
+        return [BATCH, shape[3], shape[1], shape[2]] if net.input_rank == 4 \
+            else [shape[1], BATCH]
+    return shape
+
+
+def _feed(net: Network, kind: str) -> tf.Tensor:
+    """The fed batch: a placeholder's, a tf.data iterator's or a FIFO queue's
+    (with labels beside it, which are not model data)."""
+    shape = feed_shape(net)
+    if kind == "placeholder":
+        return tf.compat.v1.placeholder(tf.float32, shape, name="input")
+    by_example = shape[0] == BATCH  # Else batch last (a transposed feed): whole batches.
+    element = shape[1:] if by_example else shape
+    if kind == "tf.data":
+        ds = tf.data.Dataset.from_tensors((np.zeros(element, np.float32), np.int32(0))).repeat()
+        if by_example:
+            ds = ds.batch(BATCH, drop_remainder=True)
+        return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()[0]
+    queue = tf.compat.v1.FIFOQueue(8, [tf.float32, tf.int32], [element, []])
+    return queue.dequeue_many(BATCH)[0] if by_example else queue.dequeue()[0]
+
+
+def _pipeline(x: tf.Tensor, net: Network) -> tf.Tensor:
+    """From the fed batch to the first block's input (see PIPELINES)."""
+    kind = net.pipeline
+    if kind in ("scale", "scale_pad"):
+        x = x / 2.0 - 0.25
+    if kind in ("pad", "scale_pad"):
+        pads = [[0, 0], [1, 1], [1, 1], [0, 0]] if x.shape.rank == 4 else [[0, 0], [1, 1]]
+        x = tf.pad(x, pads)
+    elif kind == "reshape":
+        x = tf.reshape(x, model_shape(net))
+    elif kind == "transpose":
+        x = tf.transpose(x, [0, 2, 3, 1] if x.shape.rank == 4 else [1, 0])
+    return x
+
+
+def _loss(out: tf.Tensor, kind: str) -> tf.Tensor:
+    """The training loss (see LOSSES), under the scope `loss/`."""
+    with tf.name_scope("loss"):
+        if kind == "mse":
+            return tf.reduce_mean(tf.square(out))
+        if kind == "mse_const":
+            return tf.reduce_mean(tf.square(out - 1.0))
+        logits = tf.reshape(out, [BATCH, -1])
+        classes = int(logits.shape[-1])
+        labels = tf.compat.v1.placeholder_with_default(
+            tf.constant(np.arange(BATCH) % classes, tf.int32), [BATCH], name="labels")
+        if kind == "temperature":
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=logits / 2.0))
+        one_hot = tf.one_hot(labels, classes)
+        if kind == "label_smoothing":
+            return tf.compat.v1.losses.softmax_cross_entropy(one_hot, logits,
+                                                             label_smoothing=0.1)
+        return tf.compat.v1.losses.hinge_loss(one_hot, logits)
+
+
+def build(net: Network, training: bool, seed: int = 0, export: bool = False) -> Built:
     """Builds `net` in a new graph; `training` sets the batch norms' mode.
 
-    The output is `tf.identity(..., name="output")`; in training mode the loss
-    is the mean squared output.
+    The output is `tf.identity(..., name="output")`, the input the fed batch
+    (`net.feed`; before `net.pipeline`). Training and eval graphs compute
+    `net.loss` from the output (`loss/`); the export graph (`export`: an eval
+    graph) has a placeholder feed and no loss.
     """
     g = tf.Graph()
     kernels = []
     with g.as_default():
         with tf.compat.v1.variable_scope("net", use_resource=net.resource):
             tf.compat.v1.set_random_seed(seed)
-            if net.input_rank == 4:
-                shape = [BATCH, SPATIAL, SPATIAL, INPUT_CHANNELS]
-            else:
-                shape = [BATCH, INPUT_FEATURES]
-            x = tf.compat.v1.placeholder(tf.float32, shape, name="input")
+            fed = _feed(net, "placeholder" if export else net.feed)
+            with tf.name_scope("pipeline"):
+                x = _pipeline(fed, net)
             net_in = x
             for i, block in enumerate(net.blocks):
                 with tf.compat.v1.variable_scope(f"block{i}"):
@@ -385,8 +482,8 @@ def build(net: Network, training: bool, seed: int = 0) -> Built:
             with tf.compat.v1.variable_scope("head", use_resource=net.resource):
                 x = _head(x, net, training, kernels)
         out = tf.identity(x, name="output")
-        loss = tf.reduce_mean(tf.square(out), name="loss") if training else None
-    return Built(g, net_in, out, kernels, loss)
+        loss = None if export else _loss(out, net.loss)
+    return Built(g, fed, out, kernels, loss)
 
 
 def _block(x: tf.Tensor, net_in: tf.Tensor, block: Block, training: bool,
@@ -412,11 +509,7 @@ def _block(x: tf.Tensor, net_in: tf.Tensor, block: Block, training: bool,
 def inputs(net: Network, seed: int = 0) -> np.ndarray:
     """A deterministic input batch for `net`."""
     rng = np.random.RandomState(seed)
-    if net.input_rank == 4:
-        shape = [BATCH, SPATIAL, SPATIAL, INPUT_CHANNELS]
-    else:
-        shape = [BATCH, INPUT_FEATURES]
-    return rng.uniform(-1.0, 1.0, shape).astype(np.float32)
+    return rng.uniform(-1.0, 1.0, feed_shape(net)).astype(np.float32)
 
 
 def example_networks() -> Dict[str, Network]:
@@ -440,4 +533,14 @@ def example_networks() -> Dict[str, Network]:
             dataclasses.replace(conv, activation="hard_swish", offset=-8.0),
             Block("conv", 3, "bias_add", "none", "gelu", "post", "none", offset=-8.0)),
             head="identity"),
+        # Issue #33: a queue feeding preprocessing and a pad (slim ResNet's
+        # conv2d_same), an MSE loss against a constant; a tf.data feed
+        # reshaped, a hinge loss; logits at a temperature.
+        "queue_pad_mse_const": Network(4, True, (conv,), feed="queue",
+                                       pipeline="scale_pad", loss="mse_const"),
+        "tf_data_hinge": Network(2, True, (Block("dense", 3, "plus", "none", "none", "none",
+                                                 "none"),),
+                                 feed="tf.data", pipeline="reshape", loss="hinge"),
+        "temperature_head": Network(4, False, (conv,), head="identity", feed="queue",
+                                    pipeline="transpose", loss="temperature"),
     }

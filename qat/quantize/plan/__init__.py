@@ -16,6 +16,8 @@
                      -> one range for a concatenation's group; TFLite's
                         fixed output grids
   lookups            -> token-id models: embedding lookups, integer casts
+  feeds              -> model sources: where the model's data enters, by structure
+  boundary           -> the model/loss boundary every rule respects
   control_flow       -> layers inside functional control flow, named
   replication        -> the hook `qat.distribute` fills (replicas share ranges)
 """

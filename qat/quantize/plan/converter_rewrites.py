@@ -168,10 +168,15 @@ def is_identity_pool(op: tf.Operation) -> bool:
     ksize, strides = op.get_attr("ksize"), op.get_attr("strides")
     if all(k == 1 for k in ksize) and all(s == 1 for s in strides):
         return True
+    # The batch axis aside: a feed with a static batch (a queue's dequeue) and
+    # a placeholder with none give one answer.
     x, out = op.inputs[0].shape, op.outputs[0].shape
-    if x.rank != 4 or not x.is_fully_defined() or not out.is_fully_defined():
+    if x.rank != 4 or out.rank != 4:
         return False
-    spatial = (2, 3) if op.get_attr("data_format").startswith(b"NC") else (1, 2)
+    x, out = x[1:], out[1:]
+    if not x.is_fully_defined() or not out.is_fully_defined():
+        return False
+    spatial = (1, 2) if op.get_attr("data_format").startswith(b"NC") else (0, 1)
     return x == out and all(x[a] == 1 for a in spatial)
 
 

@@ -33,7 +33,7 @@ class EmbeddingPlanning(object):
                 self._leave(op.name, "outside scope %r" % self.scope)
                 continue
             if table is None:
-                if op not in self.inference_ops:
+                if op not in self.model:
                     continue  # Loss arithmetic (a cast of the labels).
                 if op.type == "Cast":
                     self._leave(op.name, _CAST_REASON % op.inputs[0].name)

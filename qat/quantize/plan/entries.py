@@ -60,7 +60,7 @@ class EntryPlanning(object):
         # A batch norm reads its input for statistics in training graphs
         # only: it reads it where its final add is.
         readers = [self.batch_norm_of.get(r, r) for r in self.final_readers(s)
-                   if r in self.inference_ops]
+                   if r in self.model]
         readers = behind_batch_splits(readers, self.final_readers)
         if not readers:
             return plan_graph.own_context(s.op)

@@ -16,8 +16,9 @@ the same in both flavours: [0, 255/256] has zero point 0 in uint8 and -128
 in int8, exactly LOGISTIC's output quantization. The converter keeps the
 kernel's scale: the range equals it, so nothing requantizes.
 
-An output read by nothing or only by the loss (a model output) gets none:
-its kernel's rounding is the last one, as before.
+An output that no model op reads (a model output, read by nothing or by the
+loss only; `qat.quantize.plan.boundary`) gets none: its kernel's rounding
+is the last one, as before.
 """
 from typing import Optional, Tuple
 
@@ -63,7 +64,7 @@ def plan(planner, op: tf.Operation) -> None:
     if grid is None or not plan_graph.is_float(out) or not planner.is_data(op.inputs[0]):
         return
     readers = [r for r in planner.final_readers(out)
-               if r not in planner.loss and r.type not in qp.METADATA_TYPES]
+               if r in planner.model and r.type not in qp.METADATA_TYPES]
     if not readers:
         return
     if planner._plan(out, plan_graph.own_context(op), RANGE_NAME, grid[0],  # pylint: disable=protected-access

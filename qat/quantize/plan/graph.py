@@ -1,13 +1,15 @@
 """What the quantize planner reads off a graph (no decisions, no edits).
 
-`GraphView` finds the layer ops, the gradient ops (never quantized), the data
-path (ops downstream of graph inputs, embedding lookups and layers), the
-consumers a quantizer of a tensor must feed, and the "tail" of a layer (bias
-add, batch norm, the fold pass's training tail) up to the tensor that is the
-layer's output.
+`GraphView` finds the layer ops, the gradient ops (never quantized), the
+model sources (`qat.quantize.plan.feeds`) and the data path (ops downstream
+of the sources, embedding lookups and layers), the consumers a quantizer of
+a tensor must feed, and the "tail" of a layer (bias add, batch norm, the
+fold pass's training tail) up to the tensor that is the layer's output. It
+holds the model/loss boundary (`model`, `loss`, `after_model`) that
+`qat.quantize.plan.boundary` decides.
 Module functions recognise quantizers an earlier pass built.
 """
-from typing import List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -18,6 +20,7 @@ from qat.matching import layer_patterns
 from qat.matching import tensors
 from qat.matching.matcher import GraphMatcher
 from qat.matching.tensors import forward_closure
+from qat.quantize.plan import feeds
 from qat.quantize.plan import lookups
 from qat.quantize.plan import patterns as qp
 
@@ -163,76 +166,70 @@ class GraphView(object):
         self.gradient_layers = [op for op in layers if op in self.gradient_ops]
         self.layers = sorted((op for op in layers if op not in self.gradient_ops),
                              key=lambda o: o._id)  # pylint: disable=protected-access
-        seeds = list(self.layers)
-        seeds.extend(qp.data_input(layer).op for layer in self.layers)
-        seeds.extend(op for op in ops if op.type in qp.INPUT_TYPES
-                     and any(is_float(o) for o in op.outputs))
         # Integer inputs enter through embedding lookups and casts.
         self.entries = {op: table for op, table in lookups.entry_ops(ops).items()
                         if op not in self.gradient_ops and (
                             table is not None or self._reaches_layer(op))}
-        seeds.extend(self.entries)
-        self.data_ops = forward_closure(seeds) - self.gradient_ops
-        self.model_ops = self._ancestors(self.layers)
-        self.inference_ops = self._ancestors(self._inference_seeds())
+        # Batch norms are model ops wherever they are (one that follows no
+        # layer gets a range of its own, `standalone_batch_norm`).
+        self.batch_norms = [op for op in ops if op.type in qp.BATCH_NORM_TYPES
+                            and op not in self.gradient_ops]
+        self.params = feeds.Parameters()
+        self._find_sources()
+        self.model_ops = self._ancestors(self.layers + self.batch_norms)
+        # Set by `find_boundary` (the planner, once the layers' tails are known).
+        self.model: Set[tf.Operation] = set(self.model_ops)
+        self.loss: Set[tf.Operation] = set()
+        self.after_model: Set[tf.Operation] = set()
         self.library = None
         self._update_only = {}  # op -> feeds_only_state_updates(op)
+
+    def _find_sources(self) -> None:
+        """The model sources (`qat.quantize.plan.feeds`) and the data path.
+
+        Sets `sources` (tensors), `data_ops` (the ops computing from the
+        layers, the entries and the sources) and, for a source op whose
+        other outputs are not data (an iterator's labels), which are.
+        """
+        self.sources: Set[tf.Tensor] = set()
+        self._data_outputs: Dict[tf.Operation, Set[int]] = {}
+        seeds = list(self.layers) + list(self.entries) + self.batch_norms
+        while True:
+            readers = [c for t in self.sources for c in t.consumers()]
+            closure = forward_closure(seeds + readers) - self.gradient_ops
+            self._data_outputs = {}
+            for t in self.sources:
+                if t.op not in closure:
+                    self._data_outputs.setdefault(t.op, set()).add(t.value_index)
+            self.data_ops = closure | set(self._data_outputs)
+            found = set()
+            inputs = ([qp.data_input(layer) for layer in self.layers]
+                      + [bn.inputs[0] for bn in self.batch_norms])
+            for x in inputs:
+                if tensors.is_float(x) and not self.is_data(x):
+                    found.add(feeds.walk_to_source(x, self.params, feeds.dropout_input))
+            source_ops = {t.op for t in self.sources}
+            for op in self._ancestors(self.layers + self.batch_norms):
+                if (op in source_ops or op in self.layers or op in self.batch_norms
+                        or feeds.dropout_input(op) is not None):
+                    continue
+                for t in feeds.value_operands(op, 0, self.params):
+                    if self.is_data(t) or t.shape.rank == 0:
+                        continue
+                    s = feeds.walk_to_source(t, self.params, feeds.dropout_input)
+                    if not feeds.is_random(s.op):
+                        found.add(s)
+            if found <= self.sources:
+                return
+            self.sources |= found
+
+    def is_source(self, t: tf.Tensor) -> bool:
+        """Whether `t` is where model data enters (`qat.quantize.plan.feeds`)."""
+        return t in self.sources
 
     def _reaches_layer(self, op: tf.Operation) -> bool:
         reached = forward_closure([op]) - self.gradient_ops
         return any(layer in reached for layer in self.layers)
-
-    def _inference_seeds(self) -> List[tf.Operation]:
-        """Ops whose results are model outputs: layers, producers of the
-        non-scalar tensors nothing reads, and what loss kernels read."""
-        seeds = list(self.layers)
-        for op in self.data_ops:
-            if op.type in qp.LOSS_KERNEL_TYPES:
-                seeds.extend(i.op for i in op.inputs if i.op in self.data_ops)
-                continue
-            if qp.is_state_update(op) or op.type in qp.METADATA_TYPES:
-                continue
-            for out in op.outputs:
-                if out.shape.rank != 0 and not self.readers(out):
-                    seeds.append(op)
-                    break
-        return seeds
-
-    def loss_ops(self, keep) -> Set[tf.Operation]:
-        """The loss arithmetic: ops that compute nothing but the loss.
-
-        Walks back from the scalars the data path reduces to (and from loss
-        kernels) through ops off the inference path, and stops at the first
-        op `keep(op)` is true for (a layer's tail, an activation, a
-        same-scale op such as the `tf.identity` naming a model output):
-        `reduce_mean(square(logits - y))` is loss from the Sub on, while a
-        model ending in `leaky_relu(x)` that only the loss reads still ends
-        in that activation, as its eval graph does.
-
-        Args:
-          keep: predicate on ops that belong to the model wherever they are.
-
-        Returns:
-          The ops of the loss: no range, no "left float" warning.
-        """
-        def is_root(op):
-            return op.type in qp.LOSS_KERNEL_TYPES or (
-                op.outputs and all(o.shape.rank == 0 for o in op.outputs))
-
-        loss: Set[tf.Operation] = set()
-        stack = [op for op in self.data_ops if is_root(op) and not keep(op)
-                 and op not in self.inference_ops]
-        while stack:
-            op = stack.pop()
-            if op in loss:
-                continue
-            loss.add(op)
-            for i in op.inputs:
-                p = i.op
-                if (p in self.data_ops and p not in loss and not keep(p)
-                        and p not in self.inference_ops):
-                    stack.append(p)
-        return loss
 
     def _ancestors(self, ops) -> Set[tf.Operation]:
         """Data ops some layer reads, directly or not (the model proper)."""
@@ -241,7 +238,7 @@ class GraphView(object):
         while stack:
             op = stack.pop()
             for i in op.inputs:
-                if i.op in self.data_ops and i.op not in seen:
+                if self.is_data(i) and i.op not in seen:
                     seen.add(i.op)
                     stack.append(i.op)
         return seen
@@ -254,7 +251,11 @@ class GraphView(object):
         return self.library
 
     def is_data(self, t: tf.Tensor) -> bool:
-        return t.op in self.data_ops
+        """Whether `t` is computed from the model's sources, layers or entries."""
+        if t.op not in self.data_ops:
+            return False
+        outputs = self._data_outputs.get(t.op)
+        return outputs is None or t.value_index in outputs
 
     def feeds_only_state_updates(self, op: tf.Operation) -> bool:
         """Whether everything `op` computes ends in variable updates only.
@@ -298,8 +299,9 @@ class GraphView(object):
         """Returns (tail ops, layer output tensor) of a layer op.
 
         An op joins the tail when it is a tail type, not in `stop`, and
-        every data input it has comes from the tail (the others are
-        parameters), so residual adds never join. The tail then
+        every input it has comes from the tail or is a parameter (a float
+        operand that is not data but a label or target is neither), so
+        residual adds and `labels * logits` never join. The tail then
         ends at a bias add or batch norm (`qat.quantize.plan.patterns.is_tail_end`):
         a Squeeze, Reshape or Identity after it reads the layer output, so
         training and eval graphs put the layer's one range at the same op
@@ -322,7 +324,7 @@ class GraphView(object):
                         continue  # Layer-norm statistics: ops of their own.
                     if _reshapes_channels(c):
                         continue  # The layer output is before it.
-                    if all(i.op in tail or not self.is_data(i)
+                    if all(i.op in tail or self._is_tail_parameter(i, c)
                            for i in c.inputs):
                         tail.add(c)
                         stack.append(c)
@@ -350,6 +352,15 @@ class GraphView(object):
             return tail, None
         exits.sort(key=lambda t: (t.op._id, t.value_index))  # pylint: disable=protected-access
         return tail, exits[-1]
+
+    def _is_tail_parameter(self, t: tf.Tensor, op: tf.Operation) -> bool:
+        """An operand tail op `op` may take besides the tail: never data, and a
+        parameter of the layer when it is a float (labels, targets or a
+        teacher's outputs never join a layer's tail, nor a constant with one
+        value per example; shapes and predicates may)."""
+        if self.is_data(t) or not is_float(t):
+            return not self.is_data(t)
+        return self.params(t) and not (op.outputs and feeds.per_example(t, op.outputs[0]))
 
     @staticmethod
     def _cut_at_batch_to_space(tail) -> None:

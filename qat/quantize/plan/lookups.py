@@ -29,7 +29,7 @@ from qat.engine import marks
 from qat.matching import layer_patterns
 from qat.matching import tensors
 from qat.prepare.resource_gathers import RESOURCE_GATHER_TYPES
-from qat.quantize.plan import patterns as qp
+from qat.quantize.plan import feeds
 
 GATHER_TYPES = frozenset(["GatherV2", "Gather"])
 
@@ -80,14 +80,24 @@ def _is_integer(t: tf.Tensor) -> bool:
 
 
 def _from_integer_input(t: tf.Tensor, depth: int = 12) -> bool:
-    """Whether integer (or boolean) `t` is computed from an integer graph input."""
+    """Whether integer (or boolean) `t` is computed from an integer model input.
+
+    Back through integer tensors to an op with none: a feed (a placeholder,
+    an iterator, a queue's dequeue: an op with no float operand that is not
+    a parameter, `qat.quantize.plan.feeds`); ids computed from constants or
+    shapes (`tf.range`) or from float data (an argmax) are not inputs.
+    """
+    params = feeds.Parameters()
     frontier = [t]
     for _ in range(depth):
         nxt = []
         for x in frontier:
-            if x.op.type in qp.INPUT_TYPES:
+            integer = [i for i in x.op.inputs if _is_integer(i)]
+            if (x.op.type in feeds.FEED_TYPES
+                    or (not integer and not params(x)
+                        and not any(tensors.is_float(i) for i in x.op.inputs))):
                 return True
-            nxt.extend(i for i in x.op.inputs if _is_integer(i))
+            nxt.extend(integer)
         frontier = nxt
         if not frontier:
             return False

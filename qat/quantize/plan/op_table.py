@@ -88,8 +88,9 @@ FUNCTIONAL_TYPES = frozenset([
     "StatefulPartitionedCall", "Case", "StatelessCase",
 ])
 
-_RANDOM_PREFIXES = ("Random", "StatelessRandom", "TruncatedNormal",
-                    "StatelessTruncatedNormal", "Multinomial")
+# Random draws (op type prefixes): dropout masks, noise.
+RANDOM_PREFIXES = ("Random", "StatelessRandom", "TruncatedNormal",
+                   "StatelessTruncatedNormal", "Multinomial")
 
 
 DROPOUT = OpTypePattern("Select|SelectV2", name="dropout", inputs=[
@@ -113,7 +114,7 @@ def _depends_on_random(t: tf.Tensor, depth: int = 6) -> bool:
     for _ in range(depth):
         nxt = []
         for op in frontier:
-            if op.type.startswith(_RANDOM_PREFIXES):
+            if op.type.startswith(RANDOM_PREFIXES):
                 return True
             nxt.extend(i.op for i in op.inputs)
         frontier = nxt

@@ -25,11 +25,13 @@ beside a quantized one.
   no range of their own; fixed-range ops (LOGISTIC, TANH, SOFTMAX) a constant
   one, their kernel's grid, where the model reads them
   (`qat.quantize.plan.fixed_ranges`).
-* A tensor an integer op reads that has no range yet (a graph input, a
-  tensor from outside `scope`): `<scope of its first model reader>/input_quant`
-  (what feeds the model differs between its training and export graphs).
-* Loss arithmetic (`GraphView.loss_ops`, walked back from the scalars it
-  reduces to): no range, no warning.
+* A tensor an integer op reads that has no range yet (a model source, found
+  by structure whatever feeds it: `qat.quantize.plan.feeds`; a tensor from
+  outside `scope`): `<scope of its first model reader>/input_quant` (what
+  feeds the model differs between its training and export graphs).
+* Nothing outside the model (`qat.quantize.plan.boundary`, decided once):
+  loss arithmetic gets no range and no warning; arithmetic after the
+  model's last range that something else reads is named in `left_float`.
 * Batch norms after no layer: `qat.quantize.emit.standalone_batch_norm`.
 * A concatenation and its inputs share one range; average pools and
   bilinear resizes round to their input's range:
@@ -49,6 +51,7 @@ import tensorflow as tf
 
 from qat.engine import marks
 from qat.matching import standalone_batch_norms
+from qat.quantize.plan import boundary
 from qat.quantize.plan import control_flow
 from qat.quantize.plan import embeddings as plan_embeddings
 from qat.quantize.plan import entries
@@ -66,6 +69,13 @@ from qat.quantize.plan.graph import existing_quantizer
 from qat.quantize.plan.graph import is_quantized_output
 
 _is_float = plan_graph.is_float
+
+_AFTER_MODEL_REASON = (
+    "after the model: %s reads the model's %s, but is not a model op "
+    "(arithmetic with a constant, or a combination of model tensors or with "
+    "a tensor the model does not compute, that only a loss or nothing reads); "
+    "it stays float after the model's last range. Name the output with "
+    "tf.identity to make it the model's (docs/known_limits.md)")
 
 
 @dataclasses.dataclass
@@ -138,6 +148,8 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         # Output op of such an activation -> its input.
         self.whole_activations: Dict[tf.Operation, tf.Tensor] = {}
         self.looked_through: Dict[tf.Operation, tf.Tensor] = {}  # dropout
+        # Output op of an activation written as several ops -> the ops inside.
+        self.activation_interiors: Dict[tf.Operation, Set[tf.Operation]] = {}
         # Ops visited before their inputs had ranges (`_revisit_deferred`).
         self._deferred: List[tf.Operation] = []
         self._same_scale_ops: Dict[tf.Operation, bool] = {}
@@ -185,12 +197,13 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
             return
         if not self._in_scope(op) or not op.outputs:
             return
-        if op in self.loss:
-            return  # Loss arithmetic: no reader needs a range.
         if marks.made_by_qat(op, marks.QUANTIZER, marks.QUANTIZER_OUTPUT):
             return  # An earlier call's quantizer (a second call): never a float layer.
         if marks.is_replaced(op):
             return  # Unconnected: a rewrite moved its consumers.
+        if op not in self.model:
+            self._after_model(op)
+            return  # Loss arithmetic, or after the model: no range (`boundary`).
         if (op.type in qp.BATCH_NORM_TYPES or op in self.unfused_batch_norms
                 or (op.type in op_table.FUNCTIONAL_TYPES
                     and standalone_batch_norms.is_batch_norm_cond(
@@ -218,15 +231,24 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
                 reason = "%s has no integer TFLite kernel in qat's table" % op.type
             self._leave(op.name, reason)
 
-    # --- Driver -------------------------------------------------------------
+    def _after_model(self, op: tf.Operation) -> None:
+        """Names an op after the model that reads a model output (`boundary`)."""
+        if (op not in self.after_model or self._same_scale(op)
+                or op.type in qp.METADATA_TYPES or op.type in op_table.FUNCTIONAL_TYPES):
+            # A same-scale op keeps the range it reads (a reshape of the softmax);
+            # the layers inside a function call are named apart (`control_flow`).
+            return
+        read = [i.name for i in op.inputs if self.is_data(i) and _is_float(i)
+                and self._source(i).op in self.model]
+        if not read:
+            return
+        if boundary.has_integer_kernel(op):
+            self._leave(op.name, _AFTER_MODEL_REASON % (op.type, ", ".join(read)))
+        else:
+            self._leave(op.name, "%s has no integer TFLite kernel in qat's table (it reads "
+                        "the model's %s)" % (op.type, ", ".join(read)))
 
-    def _belongs_to_model(self, op: tf.Operation) -> bool:
-        """Ops that end a model wherever they are (see `loss_ops`)."""
-        return (op in self.tail_ops or op in self.whole_activations
-                or op.type in op_table.ACTIVATION_TYPES
-                or op.type in op_table.FIXED_RANGE_TYPES
-                or op.type in op_table.SAME_SCALE_TYPES
-                or op.type in qp.INPUT_TYPES)
+    # --- Driver -------------------------------------------------------------
 
     def run(self) -> List[Plan]:
         for layer in self.gradient_layers:
@@ -234,15 +256,25 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         layers = [op for op in self.layers if self._in_scope(op)]
         for layer in layers:
             self.plan_weights(layer)
-        self.plan_embeddings()
         ordered = sorted(self.data_ops, key=lambda o: o._id)  # pylint: disable=protected-access
         self._find_structures(ordered)
         for layer in self.layers:
             tail, out = self.walk_tail(layer, stop=self.interior)
             self.tails[layer], self.outputs[layer] = tail, out
             self.tail_ops |= tail
+        boundary.find_boundary(self, self.tail_ops, self.whole_activations,
+                               self.activation_interiors, self.looked_through)
+        # A tail never reaches past the model (a constant the loss adds to the logits).
+        outside = self.tail_ops - self.model
+        if outside:
+            self.tail_ops = set()
+            for layer in self.layers:
+                if self.tails[layer] & outside:
+                    tail, out = self.walk_tail(layer, stop=self.interior | outside)
+                    self.tails[layer], self.outputs[layer] = tail, out
+                self.tail_ops |= self.tails[layer]
         self._find_batch_statistics(ordered)
-        self.loss = self.loss_ops(self._belongs_to_model)
+        self.plan_embeddings()
         for op in ordered:
             self.visit(op)
         self._revisit_deferred()

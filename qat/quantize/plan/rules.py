@@ -68,7 +68,8 @@ class RangeRules(object):
         return False
 
     def _is_input(self, t: tf.Tensor) -> bool:
-        return self._source(t).op.type in qp.INPUT_TYPES
+        """Whether `t`'s range is a model source's (`qat.quantize.plan.feeds`)."""
+        return self.is_source(self._source(t))
 
     def _require(self, t: tf.Tensor) -> None:
         """Gives `t` a range if it has none, at its source, for all readers."""
@@ -90,7 +91,7 @@ class RangeRules(object):
         if (fusable and len(readers) == 1
                 and (readers[0].type in op_table.FUSABLE_ACTIVATION_TYPES
                      or clamps.is_relu(readers[0], self.is_data))
-                and self._in_scope(readers[0])):
+                and self._in_scope(readers[0]) and readers[0] in self.model):
             act = readers[0]
             self.fused.add(act)
             act_out = act.outputs[0]
@@ -164,8 +165,7 @@ class RangeRules(object):
         if self.feeds_only_state_updates(op):
             return  # Arithmetic of a variable update (moving averages), not model data.
         ranged = [self._is_ranged(i) for i in data]
-        ok = all(r or (self._is_input(i) and op in self.model_ops)
-                 for r, i in zip(ranged, data))
+        ok = all(r or self._is_input(i) for r, i in zip(ranged, data))
         if not ok:
             self._deferred.append(op)
             if any(ranged):

@@ -73,7 +73,6 @@ import tensorflow as tf
 from qat.quantize.plan import clamps
 from qat.quantize.plan import converter_rewrites
 from qat.quantize.plan import op_table
-from qat.quantize.plan import patterns as qp
 from qat.quantize.plan import graph as plan_graph
 
 CONCAT_TYPES = frozenset(["ConcatV2", "Concat"])
@@ -90,6 +89,8 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
     reader (a graph input) is rounded too.
     """
     for op in ordered:
+        if op not in planner.model:
+            continue  # Never past the model's boundary (`boundary`).
         if op.type in ROUNDING_TYPES and planner._in_scope(op):  # pylint: disable=protected-access
             plan_rounding(planner, op)
         elif ((converter_rewrites.is_size_one_reduction(op)
@@ -154,7 +155,7 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
     concats = []
     for op in ordered:
         out = op.outputs[0] if op.outputs else None
-        if op.type not in CONCAT_TYPES or out not in planner.plans:
+        if op.type not in CONCAT_TYPES or out not in planner.plans or op not in planner.model:
             continue
         concats.append(out)
         parent.setdefault(out, out)
@@ -224,7 +225,7 @@ def _merged_resize_input(planner, member: tf.Tensor):
     source = planner._source(op.inputs[0])  # pylint: disable=protected-access
     plan = planner.plans.get(source)
     if (plan is None or plan.is_weight or plan.per_channel
-            or source.op.type in qp.INPUT_TYPES or source.op.type in CONCAT_TYPES):
+            or planner.is_source(source) or source.op.type in CONCAT_TYPES):
         return None  # Not measured: a graph input's or a concatenation's scale.
     # Only the resize reads it (through the same-scale ops between them).
     t = op.inputs[0]

@@ -71,10 +71,15 @@ class StructurePlanning(object):
 
     def _fold_constant_adds(self, out: tf.Tensor, exclude) -> tf.Tensor:
         """The layer output after the constant adds the converter folds into
-        its bias (`converter_rewrites.folded_bias_add`); those join the tail."""
+        its bias (`converter_rewrites.folded_bias_add`); those join the tail.
+
+        Never across the model's boundary (`qat.quantize.plan.boundary`):
+        `square(logits - 1.0)` is the loss's, and the logits keep their range.
+        """
         for _ in range(100):
             readers = self.final_readers(out, exclude)
             if (len(readers) != 1 or not self._in_scope(readers[0])
+                    or readers[0] not in self.model
                     or readers[0] in self.interior or readers[0] in self.tails
                     or not converter_rewrites.folded_bias_add(readers[0], out, self.is_data)):
                 return out
@@ -126,6 +131,7 @@ class StructurePlanning(object):
                 if all(c in inner or c is op for o in inner
                        for c in self.readers(o.outputs[0])):
                     self.whole_activations[op] = x
+                    self.activation_interiors[op] = set(inner)
                     self.interior.update(inner)
             dropout = op_table.dropout_ops(op)
             if dropout is not None:
