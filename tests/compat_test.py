@@ -359,15 +359,18 @@ class ScriptsTest(absltest.TestCase):
         os.makedirs(export_dir)
         output = self._check(_run_script(
             "train_image_classifier.py", f"--train_dir={train_dir}",
-            "--quantize_delay=0", "--max_number_of_steps=20"))
-        self.assertIn("global step 20", output)
+            "--quantize_delay=0", "--max_number_of_steps=50"))
+        self.assertIn("global step 50", output)
         # Restores the training checkpoint with a plain, strict Saver.
         output = self._check(_run_script(
             "export_quantized_tflite.py", f"--checkpoint_dir={train_dir}",
             f"--output_dir={export_dir}"))
         eval_accuracy = float(output.split("eval graph accuracy: ")[1].split()[0])
         tflite_accuracy = float(output.split("tflite accuracy: ")[1].split()[0])
-        self.assertGreater(eval_accuracy, 0.3)  # 20 steps; chance is 0.1.
+        # 50 steps from an unseeded start (as slim's script): chance is 0.1, and
+        # 20 steps ranged 0.45-0.74 over 8 runs here (one CI run failed), 50 steps
+        # 0.65-0.83 over 4.
+        self.assertGreater(eval_accuracy, 0.3)
         self.assertAlmostEqual(tflite_accuracy, eval_accuracy, delta=0.05)
         frozen = tf1.GraphDef()
         with open(os.path.join(export_dir, "frozen.pb"), "rb") as f:

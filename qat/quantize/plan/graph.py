@@ -141,6 +141,20 @@ def _reshapes_channels(op: tf.Operation) -> bool:
             and before[-1] != after[-1])
 
 
+_UNFUSED_BATCH_NORM_MATCHER = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
+
+
+def _unfused_batch_norms(ops, gradient_ops) -> Dict[tf.Operation, tf.Tensor]:
+    """Batch norms written as arithmetic: final add -> the tensor it normalises."""
+    found = {}
+    for op in ops:
+        if op.type in ("Add", "AddV2") and op not in gradient_ops:
+            match = _UNFUSED_BATCH_NORM_MATCHER.match_op(op)
+            if match is not None:
+                found[op] = match.get_tensor("bn_input")
+    return found
+
+
 def _restores_rank(op: tf.Operation, rank: Optional[int]) -> bool:
     """A reshape from another rank back to the layer's `rank`."""
     return (op.type in ("Reshape", "Squeeze") and rank is not None
@@ -175,6 +189,7 @@ class GraphView(object):
         self.batch_norms = [op for op in ops if op.type in qp.BATCH_NORM_TYPES
                             and op not in self.gradient_ops]
         self.params = feeds.Parameters()
+        self.normalised_inputs = _unfused_batch_norms(ops, self.gradient_ops)
         self._find_sources()
         self.model_ops = self._ancestors(self.layers + self.batch_norms)
         # Set by `find_boundary` (the planner, once the layers' tails are known).
@@ -207,21 +222,29 @@ class GraphView(object):
                       + [bn.inputs[0] for bn in self.batch_norms])
             for x in inputs:
                 if tensors.is_float(x) and not self.is_data(x):
-                    found.add(feeds.walk_to_source(x, self.params, feeds.dropout_input))
+                    found.add(feeds.walk_to_source(x, self.params, self._carried_input))
             source_ops = {t.op for t in self.sources}
-            for op in self._ancestors(self.layers + self.batch_norms):
+            # Other operands only once the layers' inputs are data: a batch
+            # norm's statistics read the tensor it normalises, found first.
+            for op in self._ancestors(self.layers + self.batch_norms) if found <= self.sources else ():
                 if (op in source_ops or op in self.layers or op in self.batch_norms
-                        or feeds.dropout_input(op) is not None):
+                        or self._carried_input(op) is not None):
                     continue
                 for t in feeds.value_operands(op, 0, self.params):
                     if self.is_data(t) or t.shape.rank == 0:
                         continue
-                    s = feeds.walk_to_source(t, self.params, feeds.dropout_input)
+                    s = feeds.walk_to_source(t, self.params, self._carried_input)
                     if not feeds.is_random(s.op):
                         found.add(s)
             if found <= self.sources:
                 return
             self.sources |= found
+
+    def _carried_input(self, op: tf.Operation) -> Optional[tf.Tensor]:
+        """The one value `op` carries on (dropout, a batch norm written as
+        arithmetic, whose statistics read that value too), else None."""
+        x = self.normalised_inputs.get(op)
+        return x if x is not None else feeds.dropout_input(op)
 
     def is_source(self, t: tf.Tensor) -> bool:
         """Whether `t` is where model data enters (`qat.quantize.plan.feeds`)."""
