@@ -27,7 +27,9 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import tensor_util
 
+from qat.engine import marks
 from qat.export import freeze
 from qat.export import inspect
 from qat.export.errors import ExportError, RangeLostError
@@ -254,12 +256,21 @@ def _fake_quants_before(fake_quant: tf.Operation) -> List[tf.Operation]:
     return found
 
 
-def _range_source(fake_quant: tf.Operation) -> Optional[Tuple[str, str]]:
-    """The ops a FakeQuant's min and max come from (back through Identity)."""
+def _range_source(fake_quant: tf.Operation) -> Optional[tuple]:
+    """Where a FakeQuant's min and max come from (back through Identity).
+
+    A variable (a frozen one is a Const behind an Identity) by name; a
+    kernel's fixed grid (a constant qat made, `fixed_ranges`) by value: two
+    quantizers of one grid agree whatever training does.
+    """
     if fake_quant.type != "FakeQuantWithMinMaxVars":
         return None
     names = []
     for t in fake_quant.inputs[1:3]:
+        if t.op.type == "Const" and marks.made_by_qat(t.op, marks.QUANTIZER):
+            value = tensor_util.MakeNdarray(t.op.get_attr("value"))
+            names.append(("value", tuple(np.ravel(value).tolist())))
+            continue
         while t.op.type in ("Identity", "ReadVariableOp") and t.op.inputs:
             t = t.op.inputs[0]
         names.append(t.op.name)

@@ -28,9 +28,14 @@ _INT64 = tf.int64
 # 1e-6, and the next layer's bias scale (input scale x weight scale) then makes
 # its int32 bias overflow. With this width the bias stays representable while
 # |bias| / max|weight| < 2^31 * EMPTY_RANGE_WIDTH / (255 * 127) (about 660).
-# Only empty ranges are widened: a narrow live range (a layer norm's variance)
-# keeps its resolution.
+# Only empty ranges are widened that far: a narrow live range (a layer norm's
+# variance) keeps its resolution down to `MIN_LIVE_WIDTH`.
 EMPTY_RANGE_WIDTH = 1e-2
+# The narrowest live range kept. The converter widens a range narrower than
+# about 1e-6 (a GELU of inputs near -8 has [-1e-13, 0]) to a grid of its own,
+# on which the eval graph did not compute; a range at least this wide is
+# converted as it is.
+MIN_LIVE_WIDTH = 1e-5
 
 
 class RangeUpdates(range_floors.RangeFloors):
@@ -90,7 +95,8 @@ class RangeUpdates(range_floors.RangeFloors):
         return lo, hi
 
     def _widen_empty(self, p, lo, hi):
-        """(lo, hi), or (lo, lo + `EMPTY_RANGE_WIDTH`) where hi <= lo.
+        """(lo, hi), (lo, lo + `EMPTY_RANGE_WIDTH`) where hi <= lo, and at
+        least `MIN_LIVE_WIDTH` wide (the top raised) where it is narrower.
 
         Applied to the batch range before the moving average, so the
         variables, the training graph and the eval graph (which reads the
@@ -100,7 +106,11 @@ class RangeUpdates(range_floors.RangeFloors):
         width = self._shared_const("empty_range_width", EMPTY_RANGE_WIDTH, tf.float32)
         top = self._node(p + "/EmptyRangeTop", "AddV2", [lo, width], T=_FLOAT)
         live = self._node(p + "/RangeNotEmpty", "Greater", [hi, lo], T=_FLOAT)
-        return lo, self._node(p + "/WidenEmpty", "SelectV2", [live, hi, top], T=_FLOAT)
+        least = self._shared_const("min_live_width", MIN_LIVE_WIDTH, tf.float32)
+        live_top = self._node(p + "/WidenNarrow", "Maximum",
+                              [hi, self._node(p + "/NarrowRangeTop", "AddV2", [lo, least], T=_FLOAT)],
+                              T=_FLOAT)
+        return lo, self._node(p + "/WidenEmpty", "SelectV2", [live, live_top, top], T=_FLOAT)
 
     def _batch_range(self, spec, p, x, rank, nonnegative):
         """(batch min or None when `nonnegative`, batch max) of `x`."""
