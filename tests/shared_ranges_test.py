@@ -168,19 +168,22 @@ class SharedRangesTest(parameterized.TestCase):
         self.assertEqual(names["t1_pool/avg_pool_quant"], "t1_conv/act_quant")
         self.assertEqual(invariants.shared_concat_violations(g, x), [])
 
-    @parameterized.parameters(True, False)
-    def test_pool_behind_an_identity_rounds_as_without_it(self, training):
-        """An Identity (removed by the converter) between a range and an average
-        pool changes nothing: slim's `depthwise_output` before MobileNet v3's
-        squeeze-excite pool."""
+    @parameterized.parameters((True, "identity"), (False, "identity"),
+                              (True, "times_one"), (False, "times_one"))
+    def test_pool_behind_a_removed_op_rounds_as_without_it(self, training, between):
+        """An op the converter removes between a range and an average pool
+        changes nothing: slim's Identity `depthwise_output` before MobileNet
+        v3's squeeze-excite pool, a neutral `x * 1`."""
 
         def quantizers(identity):
             g = tf.Graph()
             with g.as_default():
                 x = tf1.placeholder(tf.float32, [None, 8, 8, 1], name="input")
                 net = tf.nn.relu(_conv(x, 1.0, "conv"))
-                if identity:
+                if identity and between == "identity":
                     net = tf.identity(tf.identity(net), name="depthwise_output")
+                elif identity:
+                    net = tf.multiply(net, 1.0, name="times_one")
                 pool = tf.nn.avg_pool2d(net, 8, 1, "VALID", name="pool")
                 squeeze = tf.nn.relu(_conv(pool, 0.5, "squeeze"))
                 y = tf.identity(net * squeeze, name="output")
