@@ -52,6 +52,25 @@ def _two_branches(training: bool):
     return g, x, y
 
 
+def _se_behind_identity(x):
+    """slim's MobileNet v3 squeeze-excite: the pool reads the depthwise output
+    through `tf.identity(x, name="depthwise_output")`."""
+    layers = zoo_util.layers
+    net = layers.Conv2D(8, 3, padding="same", name="dw")(x)
+    net = layers.ReLU(name="dw_relu")(net)
+    net = layers.Lambda(lambda t: tf.identity(t, name="depthwise_output"),
+                        name="depthwise_output")(net)
+    se = layers.AveragePooling2D(8, name="se_pool")(net)  # The full 8x8 map.
+    se = layers.Conv2D(4, 1, activation="relu", name="se_squeeze")(se)
+    se = layers.Conv2D(8, 1, activation="sigmoid", name="se_excite")(se)
+    net = layers.Multiply(name="se_mul")([net, se])
+    net = layers.Conv2D(4, 1, name="project")(net)
+    return layers.Dense(10, name="logits")(layers.Flatten(name="flat")(net))
+
+
+zoo_util.EXTRA_CASES["se_behind_identity"] = zoo_util.Case(_se_behind_identity, (8, 8, 3))
+
+
 def _fake_quants(graph):
     return {op.name.rsplit("/", 1)[0]: op for op in graph.get_operations()
             if op.type == "FakeQuantWithMinMaxVars"}
@@ -149,7 +168,39 @@ class SharedRangesTest(parameterized.TestCase):
         self.assertEqual(names["t1_pool/avg_pool_quant"], "t1_conv/act_quant")
         self.assertEqual(invariants.shared_concat_violations(g, x), [])
 
-    @parameterized.parameters("concat_branches", "dense_chain")
+    @parameterized.parameters((True, "identity"), (False, "identity"),
+                              (True, "times_one"), (False, "times_one"))
+    def test_pool_behind_a_removed_op_rounds_as_without_it(self, training, between):
+        """An op the converter removes between a range and an average pool
+        changes nothing: slim's Identity `depthwise_output` before MobileNet
+        v3's squeeze-excite pool, a neutral `x * 1`."""
+
+        def quantizers(identity):
+            g = tf.Graph()
+            with g.as_default():
+                x = tf1.placeholder(tf.float32, [None, 8, 8, 1], name="input")
+                net = tf.nn.relu(_conv(x, 1.0, "conv"))
+                if identity and between == "identity":
+                    net = tf.identity(tf.identity(net), name="depthwise_output")
+                elif identity:
+                    net = tf.multiply(net, 1.0, name="times_one")
+                pool = tf.nn.avg_pool2d(net, 8, 1, "VALID", name="pool")
+                squeeze = tf.nn.relu(_conv(pool, 0.5, "squeeze"))
+                y = tf.identity(net * squeeze, name="output")
+                if training:
+                    tf.reduce_mean(y ** 2, name="loss")
+                result = qat.insert_quant_ops(g, is_training=training)
+            return {q.name: q.range_name for q in result.quantizers}, g, x
+
+        direct, _, _ = quantizers(False)
+        behind, g, x = quantizers(True)
+        self.assertEqual(direct["pool/avg_pool_quant"], "conv/act_quant")
+        self.assertEqual(behind, direct)
+        fqs = _fake_quants(g)
+        self.assertIs(fqs["pool/avg_pool_quant"].inputs[1], fqs["conv/act_quant"].inputs[1])
+        self.assertEqual(invariants.raw_and_quantized_violations(g, x), [])
+
+    @parameterized.parameters("concat_branches", "dense_chain", "se_behind_identity")
     def test_train_eval_restore_and_tflite_agree_at_every_tensor(self, name):
         workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
         checkpoint = os.path.join(workdir, "model")
@@ -161,7 +212,7 @@ class SharedRangesTest(parameterized.TestCase):
             frozen = export.freeze_session(sess, [y.op.name])
             for flavour in ("uint8", "int8"):
                 model = zoo_util.convert_with_tf(sess, x, y, flavour,
-                                                 zoo_util.CASES[name].input_range)
+                                                 zoo_util.case_of(name).input_range)
                 export.check_fully_integer(model, frozen, label=f"{name} {flavour}")
                 agreement = zoo_util.layer_agreement(frozen, x, y, inputs, flavour, model)
                 rows = agreement.numerics.rows
@@ -170,6 +221,11 @@ class SharedRangesTest(parameterized.TestCase):
                 layer_rows = [r for r in rows if r.tflite_tensor != x.op.name]
                 self.assertGreaterEqual(len(agreement.checked), len(layer_rows) - 1,
                                         agreement.numerics.format())
+                if name == "se_behind_identity":
+                    # The pool's rounding is a compared TFLite tensor; unrounded,
+                    # the squeeze conv drifted 4 steps from TFLite's (both flavours).
+                    self.assertIn("se_pool/avg_pool_quant",
+                                  [r.name for r in agreement.checked])
                 self.assertLessEqual(agreement.worst.max_own_steps, _ONE_STEP,
                                      f"{flavour}: {agreement.worst.name}\n"
                                      f"{agreement.numerics.format()}")

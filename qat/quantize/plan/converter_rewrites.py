@@ -218,6 +218,39 @@ def is_constant_select(op: tf.Operation, is_data) -> bool:
     return c is not None and c.size > 0 and bool(np.all(c == np.ravel(c)[0]))
 
 
+# Ops that never reach the converted model: the converter connects their
+# readers to their input (IdentityN: output k to input k).
+_REMOVED_TYPES = frozenset(["Identity", "IdentityN", "StopGradient", "PreventGradient",
+                            "Snapshot"])
+
+
+def removed_input(t: tf.Tensor, is_data: Callable[[tf.Tensor], bool]) -> Optional[tf.Tensor]:
+    """The tensor TFLite reads in `t`'s place where the converter removes `t.op`.
+
+    Args:
+      t: an output of an op on the data path.
+      is_data: whether a tensor is computed from the model's inputs.
+
+    Returns:
+      The data input the converter connects `t`'s readers to: an Identity's
+      (`tf.identity(x, name="depthwise_output")`), a neutral `x + 0` / `x * 1`'s,
+      a 1x1 stride-1 pool's. None where the op is kept (a max pool, a
+      reshape: same-scale ops that are TFLite ops of their own).
+    """
+    op = t.op
+    if op.type in _REMOVED_TYPES:
+        index = t.value_index if op.type == "IdentityN" else 0
+    elif is_neutral_arithmetic(op, is_data):
+        index = _one_data_input(op, is_data)[0]
+    elif is_identity_pool(op) and all(k == 1 for k in op.get_attr("ksize")):
+        index = 0
+    else:
+        return None
+    if index >= len(op.inputs) or not is_data(op.inputs[index]):
+        return None
+    return op.inputs[index]
+
+
 def removed_or_same_scale(op: tf.Operation,
                           is_data: Callable[[tf.Tensor], bool]) -> bool:
     """Whether the converter removes `op` or runs it in its input's scale.

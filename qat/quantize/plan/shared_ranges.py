@@ -19,7 +19,11 @@ single layers next to a concatenation). Two places where TFLite decides the scal
   (whose one quantized value both read), join one group (union-find).
 * AVERAGE_POOL_2D and RESIZE_BILINEAR output the input's scale and round to
   it, where the eval graph kept the exact value: their output gets a
-  FakeQuant reading the input's range, with no variables of its own.
+  FakeQuant reading the input's range, with no variables of its own. The
+  input is the tensor TFLite's op reads: back through the ops the converter
+  removes (an Identity, such as research/slim's `depthwise_output` before
+  MobileNet v3's squeeze-excite pool; a neutral `x * 1`; a 1x1 pool) and the
+  ones the planner looks through (dropout), whose readers read their input.
   Nearest-neighbour resizes, max pools and reshapes copy values already on
   the grid and need nothing. An average pool or resize whose output a
   concatenation reads is a member of its group instead: TFLite then runs it
@@ -37,11 +41,13 @@ single layers next to a concatenation). Two places where TFLite decides the scal
   its input's range (`plan_identity_rounding`); where a concatenation reads
   it, the range it reads joins the group (the converter removes the
   reduction, so the concatenation reads that range's tensor).
-  An average pool that reads its range through a max pool (InceptionV3's
-  first mixed block) is not rounded: there the converter left the max
-  pool's other readers in float. A Mean has a range of its own (MEAN is an
-  OWN_RANGE op); the converter keeps it a MEAN whose kernel rounds to that
-  range, so it needs nothing here either.
+  An average pool that reads its range through a same-scale op TFLite
+  keeps, such as a max pool (InceptionV3's first mixed block), is not
+  rounded: there (measured with a max pool) the converter left the max
+  pool's other readers in float.
+  A Mean has a range of its own (MEAN is an OWN_RANGE op); the converter
+  keeps it a MEAN whose kernel rounds to that range, so it needs nothing
+  here either.
 
 The group's range: one pair of variables, named after the group's last
 concatenation in graph order (`<concat scope>/concat_quant/min|max`), so
@@ -107,17 +113,36 @@ def plan_rounding(planner, op: tf.Operation) -> None:
     if (not planner.is_data(op.inputs[0]) or not plan_graph.is_float(op.outputs[0])
             or converter_rewrites.is_identity_pool(op)):
         return
-    source = planner.plans.get(op.inputs[0])
+    source = planner.plans.get(_converted_input(planner, op.inputs[0]))
     if source is None or source.is_weight:
         # A range planned by no one here (an earlier call's), or one that
-        # reaches the pool through same-scale ops: there the converter leaves
-        # the other readers of the pool's input in float (a max pool read by
-        # InceptionV3's branches), so the pool stays unrounded, as before.
+        # reaches the pool through same-scale ops TFLite keeps: there the
+        # converter leaves the other readers of the pool's input in float (a
+        # max pool read by InceptionV3's branches), so the pool stays
+        # unrounded, as before.
         return
     out = op.outputs[0]
     if planner._plan(out, plan_graph.own_context(op), _ROUNDING_NAMES[op.type],  # pylint: disable=protected-access
                      source.init_min, planner.consumers(out), allow_unused=True):
         planner.plans[out].shared = source
+
+
+def _converted_input(planner, t: tf.Tensor) -> tf.Tensor:
+    """The tensor TFLite's op reads in place of `t`: back through the ops the
+    converter removes (`converter_rewrites.removed_input`: an Identity such as
+    slim's `depthwise_output`, a neutral `x * 1`) and the ones the planner
+    looks through (dropout, an Identity in eval graphs), up to a planned range."""
+    for _ in range(10000):
+        if t in planner.plans:
+            return t
+        if t.op in planner.looked_through:
+            before = planner.looked_through[t.op]
+        else:
+            before = converter_rewrites.removed_input(t, planner.is_data)
+        if before is None or not planner.is_data(before):
+            return t
+        t = before
+    return t
 
 
 def plan_identity_rounding(planner, op: tf.Operation) -> None:
