@@ -9,8 +9,9 @@
                         dropout, standalone batch norms; weights; tables
   graph              -> what the planner reads off a graph (`GraphView`)
   op_table           -> TFLite's integer op requirements, as data
-  patterns, activation_patterns, clamps
-                     -> op types and forms the rules recognise
+  patterns, activation_patterns, dropout_patterns, clamps
+                     -> op types and forms the rules recognise (dropout_patterns:
+                        dropout and drop path, looked through)
   converter_rewrites -> ops the TFLite converter removes
   shared_ranges, fixed_ranges
                      -> one range for a concatenation's group; TFLite's

@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Set
 import tensorflow as tf
 
 from qat.matching import tensors
+from qat.quantize.plan import dropout_patterns
 from qat.quantize.plan import op_table
 
 # Parameters: values that do not depend on what the graph is fed.
@@ -164,10 +165,6 @@ def walk_to_source(t: tf.Tensor, params: Parameters,
 
 
 def dropout_input(op: tf.Operation) -> Optional[tf.Tensor]:
-    """The tensor dropout ending at (or scaling inside) `op` reads, else None."""
-    for end in [op] + [c for out in op.outputs for c in out.consumers()]:
-        found = op_table.dropout_ops(end)
-        if found is not None and op in found:
-            scale = [o for o in found if o is not end][0]
-            return scale.outputs[0] if op is end else scale.inputs[0]
-    return None
+    """The tensor `op` reads if it is a dropout op (`dropout_patterns`), else None."""
+    found = dropout_patterns.dropout_ops(op)
+    return None if found is None else found[op]

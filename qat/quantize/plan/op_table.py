@@ -26,17 +26,13 @@ Structures matched as a whole (patterns, in `qat.matching.matcher` style):
 * Activations written as several ops that the converter turns into one
   integer op when nothing is quantized inside (HARD_SWISH, GELU): declared in
   `qat.quantize.plan.activation_patterns`; only their output gets a range.
-* DROPOUT, `Select(random >= rate, x * scale, 0)`, and DROP_PATH,
-  `x / keep * floor(keep + random)` (stochastic depth): exist in training graphs
-  only; looked through (like a same-scale op) so that training and eval
-  graphs plan, and name, the same ranges.
+* Dropout and drop path, `Select(random >= rate, x * scale, 0)` and
+  `x * random mask` with its scale: exist in training graphs only; looked
+  through (like a same-scale op) so that training and eval graphs plan, and
+  name, the same ranges (`qat.quantize.plan.dropout_patterns`).
 """
-from typing import Optional, Set
-
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
-
-from qat.matching.matcher import GraphMatcher, OpTypePattern
 
 OWN_RANGE_TYPES = frozenset([
     "Add", "AddV2", "BiasAdd", "Sub", "Mul", "Mean", "Sum", "ConcatV2",
@@ -91,55 +87,6 @@ FUNCTIONAL_TYPES = frozenset([
 # Random draws (op type prefixes): dropout masks, noise.
 RANDOM_PREFIXES = ("Random", "StatelessRandom", "TruncatedNormal",
                    "StatelessTruncatedNormal", "Multinomial")
-
-
-DROPOUT = OpTypePattern("Select|SelectV2", name="dropout", inputs=[
-    OpTypePattern("GreaterEqual", name="keep_mask", inputs=["*", "*"]),
-    OpTypePattern("Mul|RealDiv", name="dropout_scale",
-                  inputs=[OpTypePattern("*", name="dropout_input"), "*"]),
-    "*"])
-_DROPOUT_MATCHER = GraphMatcher(DROPOUT)
-
-# Stochastic depth (drop path, tf_keras ConvNeXt's StochasticDepth):
-# (x / keep_prob) * floor(keep_prob + uniform), one draw per example.
-DROP_PATH = OpTypePattern("Mul", name="dropout", inputs=[
-    OpTypePattern("RealDiv|Mul", name="dropout_scale", inputs=[
-        OpTypePattern("*", name="dropout_input"), OpTypePattern("Const")]),
-    OpTypePattern("Floor", name="keep_mask")], ordered_inputs=False)
-_DROP_PATH_MATCHER = GraphMatcher(DROP_PATH)
-
-
-def _depends_on_random(t: tf.Tensor, depth: int = 6) -> bool:
-    frontier = [t.op]
-    for _ in range(depth):
-        nxt = []
-        for op in frontier:
-            if op.type.startswith(RANDOM_PREFIXES):
-                return True
-            nxt.extend(i.op for i in op.inputs)
-        frontier = nxt
-    return False
-
-
-def dropout_ops(op: tf.Operation) -> Optional[Set[tf.Operation]]:
-    """The dropout ops ending at `op` (the Select and its scale), or None.
-
-    A Select keeping `x * scale` where a random mask is set is dropout, and
-    `x / keep_prob * floor(keep_prob + random)` stochastic depth: both exist
-    only in training graphs.
-    """
-    if op.type in ("Select", "SelectV2"):
-        match = _DROPOUT_MATCHER.match_op(op)
-    elif op.type == "Mul":
-        match = _DROP_PATH_MATCHER.match_op(op)
-    else:
-        return None
-    if match is None or not _depends_on_random(match.get_tensor("keep_mask")):
-        return None
-    scale = match.get_op("dropout_scale")
-    if len(scale.outputs[0].consumers()) != 1:
-        return None
-    return {op, scale}
 
 
 def same_scale_input(op: tf.Operation, index: int) -> int:

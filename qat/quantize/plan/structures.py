@@ -2,7 +2,7 @@
 
 * Activations written as several ops (`qat.quantize.plan.activation_patterns`:
   hard-swish, GELU): their interior gets no range, their output one.
-* Dropout (`op_table.dropout_ops`): looked through.
+* Dropout and drop path (`dropout_patterns.dropout_ops`): looked through.
 * Parameters an own-range op computes with (layer-norm gamma and beta, a
   layer scale): weight ranges.
 * Batch norms after no layer: a range, and in eval graphs a 1x1 depthwise
@@ -23,6 +23,7 @@ from qat.matching import layer_patterns
 from qat.matching.matcher import GraphMatcher
 from qat.quantize.plan import activation_patterns
 from qat.quantize.plan import converter_rewrites
+from qat.quantize.plan import dropout_patterns
 from qat.quantize.plan import op_table
 from qat.quantize.plan import graph as plan_graph
 from qat.matching import standalone_batch_norms
@@ -133,11 +134,9 @@ class StructurePlanning(object):
                     self.whole_activations[op] = x
                     self.activation_interiors[op] = set(inner)
                     self.interior.update(inner)
-            dropout = op_table.dropout_ops(op)
+            dropout = dropout_patterns.dropout_ops(op)
             if dropout is not None:
-                scale = [o for o in dropout if o is not op][0]
-                self.looked_through[op] = scale.outputs[0]
-                self.looked_through[scale] = scale.inputs[0]
+                self.looked_through.update(dropout)
 
     def _find_batch_statistics(self, ordered) -> None:
         """Records the statistics arithmetic of unfolded batch norms (`interior`).
