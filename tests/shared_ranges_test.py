@@ -71,6 +71,24 @@ def _se_behind_identity(x):
 zoo_util.EXTRA_CASES["se_behind_identity"] = zoo_util.Case(_se_behind_identity, (8, 8, 3))
 
 
+def _identical_relus(x):
+    """NASNet-A's cells: operations that each start with a ReLU of one tensor,
+    the layer output they alone read and an add's output a residual reads too."""
+    layers = zoo_util.layers
+    net = layers.Conv2D(8, 3, padding="same", name="stem")(x)
+    net = layers.BatchNormalization(name="stem_bn")(net)
+    a = layers.Conv2D(8, 3, padding="same", name="left")(layers.ReLU(name="left_relu")(net))
+    b = layers.Conv2D(8, 1, name="right")(layers.ReLU(name="right_relu")(net))
+    s = layers.Add(name="sum")([a, b])
+    c = layers.Conv2D(8, 1, name="c")(layers.ReLU(name="c_relu")(s))
+    d = layers.Conv2D(8, 1, name="d")(layers.ReLU(name="d_relu")(s))
+    net = layers.Add(name="res")([layers.Add(name="cd")([c, d]), s])
+    return layers.Dense(10, name="logits")(layers.Flatten(name="flat")(net))
+
+
+zoo_util.EXTRA_CASES["identical_relus"] = zoo_util.Case(_identical_relus, (8, 8, 3))
+
+
 def _fake_quants(graph):
     return {op.name.rsplit("/", 1)[0]: op for op in graph.get_operations()
             if op.type == "FakeQuantWithMinMaxVars"}
@@ -200,7 +218,8 @@ class SharedRangesTest(parameterized.TestCase):
         self.assertIs(fqs["pool/avg_pool_quant"].inputs[1], fqs["conv/act_quant"].inputs[1])
         self.assertEqual(invariants.raw_and_quantized_violations(g, x), [])
 
-    @parameterized.parameters("concat_branches", "dense_chain", "se_behind_identity")
+    @parameterized.parameters("concat_branches", "dense_chain", "se_behind_identity",
+                              "identical_relus")
     def test_train_eval_restore_and_tflite_agree_at_every_tensor(self, name):
         workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
         checkpoint = os.path.join(workdir, "model")
@@ -221,6 +240,12 @@ class SharedRangesTest(parameterized.TestCase):
                 layer_rows = [r for r in rows if r.tflite_tensor != x.op.name]
                 self.assertGreaterEqual(len(agreement.checked), len(layer_rows) - 1,
                                         agreement.numerics.format())
+                if name == "identical_relus":
+                    # One range per value: the converter keeps one of the ReLUs.
+                    fqs = _fake_quants(sess.graph)
+                    for first, other in (("stem", "right_relu"), ("c_relu", "d_relu")):
+                        self.assertEqual(_variable_of(fqs[f"{other}/act_quant"].inputs[1]),
+                                         _variable_of(fqs[f"{first}/act_quant"].inputs[1]))
                 if name == "se_behind_identity":
                     # The pool's rounding is a compared TFLite tensor; unrounded,
                     # the squeeze conv drifted 4 steps from TFLite's (both flavours).

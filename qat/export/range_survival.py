@@ -27,11 +27,10 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import tensor_util
 
-from qat.engine import marks
 from qat.export import freeze
 from qat.export import inspect
+from qat.export import range_sources
 from qat.export.errors import ExportError, RangeLostError
 from qat.tflite import graph_structure as structure
 from qat.tflite import names as tflite_names
@@ -86,6 +85,9 @@ class SurvivalReport:
     flavour: str
     checked: int
     lost: List[LostRange]
+    # FakeQuant -> the TFLite tensor holding its value under another op's name
+    # (the converter kept one of two identical ops; qat gave both one range).
+    held_by: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def differing(self) -> List[LostRange]:
@@ -241,42 +243,6 @@ def _holder(fake_quant: tf.Operation, first_part: Dict[str, List[int]],
     return None
 
 
-def _fake_quants_before(fake_quant: tf.Operation) -> List[tf.Operation]:
-    """The nearest FakeQuants up the data path from a FakeQuant's input."""
-    frontier, seen, found = [fake_quant.inputs[0].op], set(), []
-    while frontier:
-        op = frontier.pop(0)
-        if op in seen:
-            continue
-        seen.add(op)
-        if op.type in _FAKE_QUANT_TYPES:
-            found.append(op)
-        else:
-            frontier.extend(t.op for t in op.inputs if t.dtype == tf.float32)
-    return found
-
-
-def _range_source(fake_quant: tf.Operation) -> Optional[tuple]:
-    """Where a FakeQuant's min and max come from (back through Identity).
-
-    A variable (a frozen one is a Const behind an Identity) by name; a
-    kernel's fixed grid (a constant qat made, `fixed_ranges`) by value: two
-    quantizers of one grid agree whatever training does.
-    """
-    if fake_quant.type != "FakeQuantWithMinMaxVars":
-        return None
-    names = []
-    for t in fake_quant.inputs[1:3]:
-        if t.op.type == "Const" and marks.made_by_qat(t.op, marks.QUANTIZER):
-            value = tensor_util.MakeNdarray(t.op.get_attr("value"))
-            names.append(("value", tuple(np.ravel(value).tolist())))
-            continue
-        while t.op.type in ("Identity", "ReadVariableOp") and t.op.inputs:
-            t = t.op.inputs[0]
-        names.append(t.op.name)
-    return tuple(names)
-
-
 def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
                  model: bytes, output_names: Optional[Sequence[str]] = None,
                  flavour: Optional[str] = None) -> SurvivalReport:
@@ -318,7 +284,7 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
         for part in tflite_names.name_parts(info.name.split(";")[0], graph_ops):
             first_part.setdefault(part, []).append(index)
     fake_quants = _activation_fake_quants(tf_graph)
-    lost = []
+    lost, held_by, firsts = [], {}, {}
     for op, (lo, hi) in zip(fake_quants, _ranges(tf_graph, fake_quants)):
         scale, zero_point = expected_quantization(
             lo, hi, int(op.get_attr("num_bits")), bool(op.get_attr("narrow_range")), flavour)
@@ -327,6 +293,12 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
             for index in by_op.get(alias.name, ()):
                 if index not in named and _holds_activation(report.tensors[index], alias):
                     named.append(index)
+        twin = range_sources.twin(op, firsts)
+        if (not named and twin is not None
+                and range_sources.range_source(twin) == range_sources.range_source(op)):
+            named = [i for alias in _aliases(twin) for i in by_op.get(alias.name, ())
+                     if _holds_activation(report.tensors[i], alias)][:1]
+            held_by.update({op.name: report.tensors[i].name for i in named})
         held = named or _downstream(op, by_op, report)
         if any(_same(scale, zero_point, report.tensors[i].scale, report.tensors[i].zero_point)
                for i in held):
@@ -343,9 +315,9 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
                 # The very range of the quantizer before the removed op and
                 # the same-scale ops between (qat shares it by construction)
                 # survives in the tensor holding the value.
-                source = _range_source(op)
-                if source and any(_range_source(other) == source
-                                  for other in _fake_quants_before(op)):
+                source = range_sources.range_source(op)
+                if source and any(range_sources.range_source(other) == source
+                                  for other in range_sources.fake_quants_before(op)):
                     continue
                 kind = MERGED
         info = report.tensors.get(nearest) if nearest is not None else None
@@ -353,7 +325,7 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
             op.name, op.inputs[0].name, lo, hi, scale, zero_point, kind,
             info.name if info else None, info.scale if info else None,
             info.zero_point if info else None))
-    return SurvivalReport(flavour, len(fake_quants), lost)
+    return SurvivalReport(flavour, len(fake_quants), lost, held_by)
 
 
 def check_range_survival(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],

@@ -54,3 +54,13 @@ def forward_closure(seeds: Iterable[tf.Operation]) -> Set[tf.Operation]:
                     seen.add(c)
                     stack.append(c)
     return seen
+
+
+def same_computation(a: tf.Operation, b: tf.Operation) -> bool:
+    """Whether `a` and `b` compute the same value: one op type, the same input
+    tensors and attributes (the converter keeps one of such ops)."""
+    if a.type != b.type or list(a.inputs) != list(b.inputs):
+        return False
+    attrs = lambda op: {k: v.SerializeToString() for k, v in op.node_def.attr.items()
+                        if not k.startswith("_")}
+    return attrs(a) == attrs(b)

@@ -102,7 +102,7 @@ def run_tflite_tensors(model: bytes, samples: "parity.Inputs", batch_size: int =
 
     Returns:
       {TFLite tensor name: {"value": float array over all samples,
-      "scale": float or None, "integer": bool}} for the model input and every
+      "scale": float or None, "integer": bool, "requantized": bool}} for the model input and every
       op output. A scalar tensor (no example axis, e.g. a reduction over the
       whole batch) is the value of the first batch.
     """
@@ -125,6 +125,10 @@ def run_tflite_tensors(model: bytes, samples: "parity.Inputs", batch_size: int =
         interp.invoke()
         for index in wanted:
             chunks[index].append(np.array(interp.get_tensor(index)))
+    # A QUANTIZE from an integer tensor: a requantized copy (the converter's
+    # `<op>1` before a concatenation of another scale), not an op's own output.
+    requantized = {op.outputs[0] for op in report.ops if op.name == "QUANTIZE"
+                   and np.issubdtype(np.dtype(op.input_types[0]), np.integer)}
     result = {}
     for index in wanted:
         info = report.tensors[index]
@@ -134,7 +138,7 @@ def run_tflite_tensors(model: bytes, samples: "parity.Inputs", batch_size: int =
         if integer:
             value = (value - info.zero_point) * info.scale
         result[info.name] = {"value": value, "scale": info.scale if integer else None,
-                             "integer": integer}
+                             "integer": integer, "requantized": index in requantized}
     return result
 
 

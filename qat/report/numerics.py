@@ -222,11 +222,12 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
                                 batch_size)
     graph_ops = {op.name for op in graph.get_operations()}
     matches = tflite_names.match_rows(rows_spec, qat_values, tflite, graph_ops)
-    lost = range_survival.check_ranges(frozen_graph_def, model).lost
+    survival = range_survival.check_ranges(frozen_graph_def, model)
     # A range the converter merged into another op's tensor (the same scale
     # and zero point): that tensor holds the row's value whatever its name.
-    holders = {r.quantizer: r.nearest for r in lost
+    holders = {r.quantizer: r.nearest for r in survival.lost
                if r.kind == range_survival.MERGED and r.nearest in tflite}
+    holders.update({q: t for q, t in survival.held_by.items() if t in tflite})
     matches = [match if match is not None or freeze.op_name(tensor) not in holders
                or tflite[holders[freeze.op_name(tensor)]]["value"].shape != qat.shape
                else holders[freeze.op_name(tensor)]
@@ -252,7 +253,8 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
         rows.append(TensorNumerics(
             label, tensor, match, scale, sqnr_db(flt, qat), sqnr_lite, max_steps, mean_steps,
             float(np.abs(qat - flt).max() / step) if qat.size else math.nan, own_steps))
-    return NumericsReport(flavour, len(next(iter(feeds.values()))), rows, drift_steps, lost)
+    return NumericsReport(flavour, len(next(iter(feeds.values()))), rows, drift_steps,
+                          survival.lost)
 
 
 def layer_numerics_from_session(sess: tf.compat.v1.Session,

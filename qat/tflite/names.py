@@ -86,7 +86,9 @@ def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
                 # numbers their tensors ("Einsum", "Einsum1", ...): the last
                 # holds its output. (A quantizer's numbered copy is a
                 # requantized one: the first candidate keeps the unnumbered.)
-                match = min(found, key=lambda name: (not tflite[name]["integer"],
+                # A requantized copy last.
+                match = min(found, key=lambda name: (tflite[name].get("requantized", False),
+                                                     not tflite[name]["integer"],
                                                      -_suffix(name, candidate) if k else 0))
                 break
         matches.append(match)

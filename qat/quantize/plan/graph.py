@@ -147,7 +147,8 @@ class GraphView(tails.LayerTails):
             source_ops = {t.op for t in self.sources}
             # Other operands only once the layers' inputs are data: a batch
             # norm's statistics read the tensor it normalises, found first.
-            for op in self._ancestors(self.layers + self.batch_norms) if found <= self.sources else ():
+            ancestors = self._ancestors(self.layers + self.batch_norms)
+            for op in ancestors if found <= self.sources else ():
                 if (op in source_ops or op in self.layers or op in self.batch_norms
                         or self._carried_input(op) is not None):
                     continue

@@ -18,6 +18,7 @@ from typing import List
 
 import tensorflow as tf
 
+from qat.matching import tensors
 from qat.quantize.plan import clamps
 from qat.quantize.plan import graph as plan_graph
 from qat.quantize.plan import op_table
@@ -86,17 +87,27 @@ class RangeRules(object):
     def _plan_output(self, out: tf.Tensor, ctx: str, kind: str,
                      init_min: float, exclude=(),
                      allow_unused: bool = True, fusable: bool = True) -> None:
-        """A range on `out`, or after the activation that is its sole reader."""
+        """A range on `out`, or after the activation that is its sole reader.
+
+        Several identical activations reading `out` (NASNet-A's cell
+        operations each start with a ReLU of one tensor) are one for the
+        converter, which keeps one op and fuses it: they share its range.
+        """
         readers = self.final_readers(out, exclude)
-        if (fusable and len(readers) == 1
+        if (fusable and readers
                 and (readers[0].type in op_table.FUSABLE_ACTIVATION_TYPES
                      or clamps.is_relu(readers[0], self.is_data))
-                and self._in_scope(readers[0]) and readers[0] in self.model):
+                and all(tensors.same_computation(r, readers[0]) and self._in_scope(r)
+                        and r in self.model for r in readers)):
             act = readers[0]
-            self.fused.add(act)
+            self.fused.update(readers)
             act_out = act.outputs[0]
             self._plan(act_out, ctx, "act_quant", 0.0, self.consumers(act_out),
                        allow_unused=True)
+            for other in readers[1:]:
+                if self._plan(other.outputs[0], plan_graph.own_context(other), "act_quant", 0.0,
+                              self.consumers(other.outputs[0]), allow_unused=True):
+                    self.plans[other.outputs[0]].shared = self.plans[act_out]
             return
         consumers = self.consumers(out, exclude)
         self._plan(out, ctx, kind, init_min, consumers,

@@ -76,6 +76,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from qat.matching import tensors
 from qat.quantize.plan import clamps
 from qat.quantize.plan import converter_rewrites
 from qat.quantize.plan import op_table
@@ -105,7 +106,27 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
                    and op not in planner.looked_through))
               and planner._in_scope(op)):  # pylint: disable=protected-access
             plan_identity_rounding(planner, op)
+    share_identical_outputs(planner, ordered)
     share_concat_ranges(planner, ordered)
+
+
+def share_identical_outputs(planner, ordered: List[tf.Operation]) -> None:
+    """Ops computing the same value (one type, inputs and attributes: two
+    ReLUs of one tensor) are one op for the converter, with one scale: each
+    later one reads the first one's range."""
+    first: Dict[tuple, List[tf.Operation]] = {}
+    for op in ordered:
+        if not op.outputs or op not in planner.model:
+            continue
+        plan = planner.plans.get(op.outputs[0])
+        if plan is None or plan.is_weight or plan.shared is not None or plan.fixed is not None:
+            continue
+        key = (op.type, tuple(op.inputs))
+        owner = next((o for o in first.get(key, ()) if tensors.same_computation(o, op)), None)
+        if owner is None:
+            first.setdefault(key, []).append(op)
+        elif not plan.members:
+            plan.shared = planner.plans[owner.outputs[0]]
 
 
 def plan_rounding(planner, op: tf.Operation) -> None:
