@@ -68,6 +68,11 @@ members use lag one step behind in training; eval graphs read the variables
 everywhere, identically. A pool's rounding reads its input's range exactly as
 the input's FakeQuant reads it.
 
+Identical ops (one type, the same input tensors and attributes: two ReLUs
+of one tensor, as NASNet-A's cell operations start) are one op for the
+converter, which keeps one of them and its scale: each later one reads the
+first one's range (`share_identical_outputs`).
+
 Not grouped: concatenation inputs with no range planned in this call (a
 FakeQuant the user or an earlier call built, a fixed-range op's output such
 as a sigmoid's), which keep their own scale.
