@@ -11,16 +11,7 @@ import tensorflow as tf
 
 from qat.engine import marks
 from qat.tflite import graph_structure
-
-
-def _quantized_tensor(fake_quant: tf.Operation) -> tf.Tensor:
-    """The tensor a FakeQuant quantizes (back through qat's own ops)."""
-    t = fake_quant.inputs[0]
-    for _ in range(16):
-        if not marks.made_by_qat(t.op):
-            return t
-        t = t.op.inputs[0]
-    return t
+from tools.property import invariants
 
 
 def _readers(t: tf.Tensor, gradients: Set[tf.Operation]) -> Tuple[str, ...]:
@@ -43,7 +34,7 @@ def activation_quantizers(graph: tf.Graph) -> Dict[str, Tuple[str, Tuple[str, ..
         name = op.name.rsplit("/", 1)[0]
         if name.endswith("weights_quant") or op in gradients:
             continue
-        t = _quantized_tensor(op)
+        t = invariants.quantized_tensor(op)
         found[name] = (t.name, _readers(t, gradients))
     return found
 

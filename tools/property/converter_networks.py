@@ -46,6 +46,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from hypothesis import strategies as st  # pylint: disable=g-import-not-at-top
 
+from tools.property import networks as rewrite_networks  # pylint: disable=g-import-not-at-top
+
 SIZES = (1, 2, 3, 4, 6, 8)
 PREPROCESSING = ("none", "scale_offset", "rescaling", "mean_std")
 KINDS = ("conv", "depthwise", "pool", "global_pool", "se", "resize_concat")
@@ -341,25 +343,6 @@ def _preprocess(x: tf.Tensor, kind: str) -> tf.Tensor:
     return x
 
 
-def _activation(x: tf.Tensor, kind: str) -> tf.Tensor:
-    if kind == "relu":
-        return tf.nn.relu(x)
-    if kind == "relu6":
-        return tf.nn.relu6(x)
-    if kind == "leaky_relu":
-        return tf.nn.leaky_relu(x, alpha=0.2)
-    if kind == "hard_swish":
-        return x * tf.nn.relu6(x + 3.0) * (1.0 / 6.0)
-    if kind == "swish":
-        return x * tf.sigmoid(x)
-    if kind == "sigmoid":
-        return tf.sigmoid(x)
-    if kind == "tanh":
-        return tf.tanh(x)
-    if kind == "gelu":
-        return tf.nn.gelu(x)
-    return x
-
 
 def _conv(x: tf.Tensor, out: int, kernel: int = 1, stride: int = 1, groups: int = 1,
           depthwise: bool = False, bias: bool = True, name: str = "conv",
@@ -393,7 +376,7 @@ def _block(x: tf.Tensor, b: ConvBlock, training: bool) -> tf.Tensor:
                 beta_initializer=tf.compat.v1.random_normal_initializer(mean=b.offset,
                                                                         stddev=0.3),
                 gamma_initializer=tf.compat.v1.random_uniform_initializer(0.5, 1.5))
-        return _activation(y, b.activation)
+        return rewrite_networks.activation(y, b.activation)
     if b.kind == "pool":
         pool = tf.nn.avg_pool2d if b.variant == "avg" else tf.nn.max_pool2d
         return pool(x, 2, 2, "SAME")

@@ -320,7 +320,7 @@ def symmetry_violations(eval_vars: Dict[str, tuple],
     return problems
 
 
-def _quantized_tensor(fake_quant: tf.Operation) -> tf.Tensor:
+def quantized_tensor(fake_quant: tf.Operation) -> tf.Tensor:
     """The tensor a FakeQuant quantizes (back through qat's own ops)."""
     t = fake_quant.inputs[0]
     for _ in range(16):
@@ -338,7 +338,7 @@ def activation_quantizers(graph: tf.Graph) -> Dict[str, tf.Tensor]:
             continue
         name = op.name.rsplit("/", 1)[0]
         if not name.endswith("weights_quant"):
-            found[name] = _quantized_tensor(op)
+            found[name] = quantized_tensor(op)
     return found
 
 

@@ -271,7 +271,8 @@ class Built:
     loss: tf.Tensor = None
 
 
-def _activation(x: tf.Tensor, kind: str) -> tf.Tensor:
+def activation(x: tf.Tensor, kind: str) -> tf.Tensor:
+    """`x` through the activation `kind` (one of ACTIVATIONS; "none": `x`)."""
     if kind == "relu":
         return tf.nn.relu(x)
     if kind == "relu6":
@@ -496,7 +497,7 @@ def _block(x: tf.Tensor, net_in: tf.Tensor, block: Block, training: bool,
         y = y + block.offset
     if block.residual == "pre":
         y = y + block_in
-    y = _activation(y, block.activation)
+    y = activation(y, block.activation)
     if block.residual == "post":
         y = y + block_in
     if block.concat == "block_input":
