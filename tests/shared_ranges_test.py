@@ -22,6 +22,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
+from qat.export import kernel_checks  # pylint: disable=g-import-not-at-top
 from tools.property import invariants  # pylint: disable=g-import-not-at-top
 import zoo_util  # pylint: disable=g-import-not-at-top
 
@@ -246,6 +247,11 @@ class SharedRangesTest(parameterized.TestCase):
                     for first, other in (("stem", "right_relu"), ("c_relu", "d_relu")):
                         self.assertEqual(_variable_of(fqs[f"{other}/act_quant"].inputs[1]),
                                          _variable_of(fqs[f"{first}/act_quant"].inputs[1]))
+                    # The stem's output range is the ReLUs' one: its kernel
+                    # preconditions apply there.
+                    self.assertIn(("bias scale", "stem/act_quant/FakeQuantWithMinMaxVars"),
+                                  {(r.precondition.name, r.constrained.name)
+                                   for r in kernel_checks.graph_requirements(sess.graph)})
                 if name == "se_behind_identity":
                     # The pool's rounding is a compared TFLite tensor; unrounded,
                     # the squeeze conv drifted 4 steps from TFLite's (both flavours).

@@ -102,16 +102,23 @@ def _range_of(planner, t: tf.Tensor) -> Optional[RangeSource]:
     return _range_at(planner, planner._source(t))  # pylint: disable=protected-access
 
 
+def _fused_activation(planner, out: tf.Tensor) -> Optional[tf.Operation]:
+    """The activation TFLite fuses into the op writing `out` (one, or the first
+    of identical ones the converter keeps as one, which share its range)."""
+    readers = planner.final_readers(out)
+    if readers and all(r in planner.fused for r in readers):
+        return readers[0]
+    return None
+
+
 def _output_range(planner, op: tf.Operation) -> Optional[RangeSource]:
     """The range of `op`'s output, after the activation TFLite fuses into it."""
     out = op.outputs[0]
     found = _range_at(planner, out)
     if found is not None:
         return found
-    readers = planner.final_readers(out)
-    if len(readers) == 1 and readers[0] in planner.fused:
-        return _range_at(planner, readers[0].outputs[0])
-    return None
+    act = _fused_activation(planner, out)
+    return _range_at(planner, act.outputs[0]) if act is not None else None
 
 
 def _layer_output_range(planner, layer: tf.Operation) -> Optional[RangeSource]:
@@ -124,9 +131,9 @@ def _layer_output_range(planner, layer: tf.Operation) -> Optional[RangeSource]:
         found = _range_at(planner, out)
         if found is not None:
             return found
-        readers = planner.final_readers(out)
-        if len(readers) == 1 and readers[0] in planner.fused:
-            return _range_at(planner, readers[0].outputs[0])
+        act = _fused_activation(planner, out)
+        if act is not None:
+            return _range_at(planner, act.outputs[0])
         if out.op.type != "Identity" or out.op not in tail or out.op is layer:
             return None
         out = out.op.inputs[0]  # An Identity ending the tail reads the range before it.
