@@ -16,7 +16,7 @@ import tensorflow as tf
 from qat.engine import marks
 from qat.matching import layer_patterns
 from qat.matching import tensors
-from qat.matching.matcher import GraphMatcher
+from qat.matching.matcher import GraphMatcher, MatchResult
 from qat.matching.tensors import forward_closure
 from qat.quantize.plan import feeds
 from qat.quantize.plan import lookups
@@ -72,14 +72,15 @@ def is_quantized_output(t: tf.Tensor) -> bool:
 _UNFUSED_BATCH_NORM_MATCHER = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
 
 
-def _unfused_batch_norms(ops, gradient_ops) -> Dict[tf.Operation, tf.Tensor]:
-    """Batch norms written as arithmetic: final add -> the tensor it normalises."""
+def _unfused_batch_norms(ops, gradient_ops) -> Dict[tf.Operation, MatchResult]:
+    """Batch norms written as arithmetic: final add -> its match
+    (`layer_patterns.UNFUSED_BATCH_NORM`)."""
     found = {}
     for op in ops:
         if op.type in ("Add", "AddV2") and op not in gradient_ops:
             match = _UNFUSED_BATCH_NORM_MATCHER.match_op(op)
             if match is not None:
-                found[op] = match.get_tensor("bn_input")
+                found[op] = match
     return found
 
 
@@ -110,7 +111,8 @@ class GraphView(tails.LayerTails):
         self.batch_norms = [op for op in ops if op.type in qp.BATCH_NORM_TYPES
                             and op not in self.gradient_ops]
         self.params = feeds.Parameters()
-        self.normalised_inputs = _unfused_batch_norms(ops, self.gradient_ops)
+        # Matched once here; the planner's structures read them too.
+        self.unfused_batch_norm_matches = _unfused_batch_norms(ops, self.gradient_ops)
         self._find_sources()
         self.model_ops = self._ancestors(self.layers + self.batch_norms)
         # Set by `find_boundary` (the planner, once the layers' tails are known).
@@ -165,8 +167,8 @@ class GraphView(tails.LayerTails):
     def _carried_input(self, op: tf.Operation) -> Optional[tf.Tensor]:
         """The one value `op` carries on (dropout, a batch norm written as
         arithmetic, whose statistics read that value too), else None."""
-        x = self.normalised_inputs.get(op)
-        return x if x is not None else feeds.dropout_input(op)
+        match = self.unfused_batch_norm_matches.get(op)
+        return match.get_tensor("bn_input") if match is not None else feeds.dropout_input(op)
 
     def is_source(self, t: tf.Tensor) -> bool:
         """Whether `t` is where model data enters (`qat.quantize.plan.feeds`)."""

@@ -20,16 +20,12 @@ from tensorflow.python.framework import tensor_util
 
 from qat.engine import marks
 from qat.matching import layer_patterns
-from qat.matching.matcher import GraphMatcher
 from qat.quantize.plan import activation_patterns
 from qat.quantize.plan import converter_rewrites
 from qat.quantize.plan import dropout_patterns
 from qat.quantize.plan import op_table
 from qat.quantize.plan import graph as plan_graph
 from qat.matching import standalone_batch_norms
-
-
-_UNFUSED_BATCH_NORM_MATCHER = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
 
 
 def _reduces_batch_axis(op: tf.Operation) -> bool:
@@ -159,7 +155,7 @@ class StructurePlanning(object):
             if (op.type not in ("Add", "AddV2") or op in self.tail_ops
                     or marks.is_replaced(op)):
                 continue
-            match = _UNFUSED_BATCH_NORM_MATCHER.match_op(op)
+            match = self.unfused_batch_norm_matches.get(op)
             if match is None:
                 continue
             x = match.get_tensor("bn_input")
