@@ -70,7 +70,7 @@ FEEDS = ("placeholder", "tf.data", "queue")
 # into the TRANSPOSE, whose tensor `qat.export`'s range survival and layer
 # numerics do not match to the range before it; the rewrite suite draws it.)
 PIPELINES = ("none", "pad", "reshape")
-LOSSES = ("mse", "mse_const", "temperature", "label_smoothing", "hinge")
+LOSSES = rewrite_networks.LOSSES
 WEIGHTED = ("conv", "depthwise", GROUPED, "se", "resize_concat")
 INPUT_CHANNELS = 3
 CLASSES = 3
@@ -430,26 +430,6 @@ def _layout(x: tf.Tensor, net: ConvNet) -> tf.Tensor:
     return x
 
 
-def _loss(out: tf.Tensor, kind: str) -> tf.Tensor:
-    """The training loss (`LOSSES`), under `loss/`."""
-    with tf.name_scope("loss"):
-        if kind == "mse":
-            return tf.reduce_mean(tf.square(out))
-        if kind == "mse_const":
-            return tf.reduce_mean(tf.square(out - 1.0))
-        classes = int(np.prod(out.shape.as_list()[1:]))
-        logits = tf.reshape(out, [-1, classes])
-        labels = tf.compat.v1.placeholder_with_default(
-            tf.zeros(tf.shape(logits)[:1], tf.int32), [None], name="labels")
-        if kind == "temperature":
-            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=labels, logits=logits / 2.0))
-        one_hot = tf.one_hot(labels, classes)
-        if kind == "label_smoothing":
-            return tf.compat.v1.losses.softmax_cross_entropy(one_hot, logits,
-                                                             label_smoothing=0.1)
-        return tf.compat.v1.losses.hinge_loss(one_hot, logits)
-
 
 def build(net: ConvNet, training: bool, seed: int = 0, batch: int = 8) -> BuiltNet:
     """Builds `net` in a new graph (resource variables).
@@ -481,7 +461,7 @@ def build(net: ConvNet, training: bool, seed: int = 0, batch: int = 8) -> BuiltN
                     if net.head == "softmax":
                         y = tf.nn.softmax(y)
         out = tf.identity(y, name="output")
-        loss = _loss(out, net.loss) if training else None
+        loss = rewrite_networks.training_loss(out, net.loss, batch=None) if training else None
     return BuiltNet(graph, x, out, loss)
 
 

@@ -32,7 +32,7 @@ tools/property/check.py.
 """
 import dataclasses
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -435,17 +435,26 @@ def _pipeline(x: tf.Tensor, net: Network) -> tf.Tensor:
     return x
 
 
-def _loss(out: tf.Tensor, kind: str) -> tf.Tensor:
-    """The training loss (see LOSSES), under the scope `loss/`."""
+def training_loss(out: tf.Tensor, kind: str, batch: Optional[int] = BATCH) -> tf.Tensor:
+    """The training loss `kind` (one of LOSSES) of `out`, under the scope `loss/`.
+
+    The cross-entropies and the hinge read fed labels: with a static `batch`,
+    one class per example by default; with None, any batch, class 0 by default.
+    """
     with tf.name_scope("loss"):
         if kind == "mse":
             return tf.reduce_mean(tf.square(out))
         if kind == "mse_const":
             return tf.reduce_mean(tf.square(out - 1.0))
-        logits = tf.reshape(out, [BATCH, -1])
-        classes = int(logits.shape[-1])
-        labels = tf.compat.v1.placeholder_with_default(
-            tf.constant(np.arange(BATCH) % classes, tf.int32), [BATCH], name="labels")
+        if batch is None:
+            classes = int(np.prod(out.shape.as_list()[1:]))
+            logits = tf.reshape(out, [-1, classes])
+            default = tf.zeros(tf.shape(logits)[:1], tf.int32)
+        else:
+            logits = tf.reshape(out, [batch, -1])
+            classes = int(logits.shape[-1])
+            default = tf.constant(np.arange(batch) % classes, tf.int32)
+        labels = tf.compat.v1.placeholder_with_default(default, [batch], name="labels")
         if kind == "temperature":
             return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
                 labels=labels, logits=logits / 2.0))
@@ -483,7 +492,7 @@ def build(net: Network, training: bool, seed: int = 0, export: bool = False) -> 
             with tf.compat.v1.variable_scope("head", use_resource=net.resource):
                 x = _head(x, net, training, kernels)
         out = tf.identity(x, name="output")
-        loss = None if export else _loss(out, net.loss)
+        loss = None if export else training_loss(out, net.loss)
     return Built(g, fed, out, kernels, loss)
 
 
