@@ -13,7 +13,6 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import numpy as np  # pylint: disable=g-import-not-at-top
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
@@ -48,17 +47,7 @@ def _text_encoder():
 
 
 def _train(qm, inputs, labels):
-    k = tf2_util.keras()
-    optimizer = k.optimizers.Adam(1e-3)
-    loss_fn = k.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, qm(x, training=True))
-        variables = qm.trainable_variables
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
+    step = tf2_util.adam_step(qm, 1e-3)
 
     for i in range(_STEPS):
         batch = slice(16 * i, 16 * (i + 1))

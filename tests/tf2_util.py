@@ -89,9 +89,8 @@ class ModuleCNN(tf.Module):
         return tf.matmul(x, self.w3) + self.b3
 
 
-def train(model, steps, learning_rate, seed, batch=32):
-    """`steps` Adam steps of a tf.function GradientTape loop on the digits."""
-    (x, y), _ = digits_util.digits_split()
+def adam_step(model, learning_rate):
+    """A tf.function GradientTape training step of `model` (Adam, logits)."""
     k = keras()
     optimizer = k.optimizers.Adam(learning_rate)
     loss_fn = k.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -103,6 +102,14 @@ def train(model, steps, learning_rate, seed, batch=32):
         variables = model.trainable_variables
         optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
         return loss
+
+    return step
+
+
+def train(model, steps, learning_rate, seed, batch=32):
+    """`steps` Adam steps of a tf.function GradientTape loop on the digits."""
+    (x, y), _ = digits_util.digits_split()
+    step = adam_step(model, learning_rate)
 
     rng = np.random.RandomState(seed)
     loss = None
