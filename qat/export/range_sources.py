@@ -15,7 +15,8 @@ from tensorflow.python.framework import tensor_util
 from qat.engine import marks
 from qat.matching import tensors
 
-_FAKE_QUANT_TYPES = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs"])
+# The per-tensor FakeQuants whose ranges TFLite tensors carry.
+ACTIVATION_FAKE_QUANT_TYPES = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs"])
 
 
 def fake_quants_before(fake_quant: tf.Operation) -> List[tf.Operation]:
@@ -26,7 +27,7 @@ def fake_quants_before(fake_quant: tf.Operation) -> List[tf.Operation]:
         if op in seen:
             continue
         seen.add(op)
-        if op.type in _FAKE_QUANT_TYPES:
+        if op.type in ACTIVATION_FAKE_QUANT_TYPES:
             found.append(op)
         else:
             frontier.extend(t.op for t in op.inputs if t.dtype == tf.float32)

@@ -47,7 +47,6 @@ MERGED = "merged"
 # such as tf_keras Normalization's x - 0 and x / 1 after a Rescaling).
 _SCALE_RTOL = 1e-3
 _EMPTY_RANGE_WIDTH = 1e-5
-_FAKE_QUANT_TYPES = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs"])
 _ALIAS_FORWARD = frozenset(["Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims"])
 _ALIAS_BACKWARD = frozenset(["Identity"])
 _INPUT_TYPES = frozenset(["Placeholder", "PlaceholderWithDefault"])
@@ -169,7 +168,7 @@ def _activation_fake_quants(graph: tf.Graph) -> List[tf.Operation]:
     data = structure.forward_closure(op for op in graph.get_operations()
                                      if op.type in _INPUT_TYPES)
     return [op for op in graph.get_operations()
-            if op.type in _FAKE_QUANT_TYPES and op.inputs[0].op in data]
+            if op.type in range_sources.ACTIVATION_FAKE_QUANT_TYPES and op.inputs[0].op in data]
 
 
 def _ranges(graph: tf.Graph, fake_quants: Sequence[tf.Operation]) -> List[Tuple[float, float]]:
