@@ -146,11 +146,11 @@ class GraphView(tails.LayerTails):
             for x in inputs:
                 if tensors.is_float(x) and not self.is_data(x):
                     found.add(feeds.walk_to_source(x, self.params, self._carried_input))
-            source_ops = {t.op for t in self.sources}
             # Other operands only once the layers' inputs are data: a batch
             # norm's statistics read the tensor it normalises, found first.
-            ancestors = self._ancestors(self.layers + self.batch_norms)
-            for op in ancestors if found <= self.sources else ():
+            late = found <= self.sources
+            source_ops = {t.op for t in self.sources}
+            for op in self._ancestors(self.layers + self.batch_norms) if late else ():
                 if (op in source_ops or op in self.layers or op in self.batch_norms
                         or self._carried_input(op) is not None):
                     continue
