@@ -15,14 +15,10 @@ from tensorflow.python.framework import tensor_util
 
 from qat.engine import marks
 from qat.matching import layer_patterns
-from qat.matching.matcher import GraphMatcher
 from qat.matching import tensors
 from qat.matching.tensors import forward_closure
 from qat.quantize.plan import feeds
 from qat.quantize.plan import patterns as qp
-
-_UNFUSED_BATCH_NORM_MATCHER = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
-
 
 def is_float(t: tf.Tensor) -> bool:
     """Whether FakeQuant can quantize `t` (float16 / bfloat16 through float32).
@@ -44,12 +40,6 @@ def _scales_by_scalar(op: tf.Operation, is_data) -> bool:
     if op.type not in ("Mul", "RealDiv", "Div"):
         return False
     return any(not is_data(i) and i.shape.rank == 0 for i in op.inputs)
-
-
-def _is_batch_norm(op: tf.Operation) -> bool:
-    return (op.type in qp.BATCH_NORM_TYPES or marks.made_by_qat(op, marks.FOLD)
-            or (op.type in ("Add", "AddV2")
-                and _UNFUSED_BATCH_NORM_MATCHER.match_op(op) is not None))
 
 
 def _channel_axis(layer: tf.Operation, rank: int) -> int:
@@ -106,7 +96,7 @@ def _restores_rank(op: tf.Operation, rank: Optional[int]) -> bool:
 
 class LayerTails(object):
     """Mixin of `qat.quantize.plan.graph.GraphView` (uses `is_data`, `params`,
-    `gradient_ops`)."""
+    `gradient_ops`, `unfused_batch_norm_matches`)."""
 
     def walk_tail(self, layer: tf.Operation, stop=frozenset()
                   ) -> Tuple[Set[tf.Operation], Optional[tf.Tensor]]:
@@ -176,8 +166,11 @@ class LayerTails(object):
             return not self.is_data(t)
         return self.params(t) and not (op.outputs and feeds.per_example(t, op.outputs[0]))
 
-    @staticmethod
-    def _cut_at_batch_to_space(tail) -> None:
+    def _is_batch_norm(self, op: tf.Operation) -> bool:
+        return (op.type in qp.BATCH_NORM_TYPES or marks.made_by_qat(op, marks.FOLD)
+                or op in self.unfused_batch_norm_matches)
+
+    def _cut_at_batch_to_space(self, tail) -> None:
         """Ends an atrous layer's tail before its BatchToSpaceND.
 
         With a dynamic batch the converter does not fuse SpaceToBatchND ->
@@ -190,7 +183,7 @@ class LayerTails(object):
         """
         for bts in [op for op in tail if op.type == "BatchToSpaceND"]:
             after = forward_closure([bts]) & tail
-            if not any(_is_batch_norm(op) for op in after - {bts}):
+            if not any(self._is_batch_norm(op) for op in after - {bts}):
                 tail -= after
 
     @staticmethod
