@@ -38,7 +38,7 @@ the range variables in `tf.Variable` objects from their VariableDefs. The
 variables are of the model's kind, ref or resource
 (`qat.engine.range_variables`).
 """
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -104,6 +104,8 @@ class QuantizerBatch(range_updates.RangeUpdates):
         self._fixed: List[bool] = []
         # id(spec) -> (name scope, min, max variables) of quantizers declared early.
         self._declared: Dict[int, tuple] = {}
+        # Quantizer index -> (variables_prefix asked for, the scope its variables got).
+        self._variable_scopes: Dict[int, Tuple[str, str]] = {}
         self._ranges: List[tuple] = []
         self._device = ""           # Of the quantizer being added.
         self._variable_device = ""
@@ -186,7 +188,13 @@ class QuantizerBatch(range_updates.RangeUpdates):
                 and step is None):
             raise ValueError("init_from_first_batch needs the quantization step.")
         declared = self._declared.pop(id(spec), None)
-        p = declared[0] if declared else self._nodes.unique_name(spec.prefix)
+        shared_scope = self._variable_scopes.get(spec.range_of)
+        if declared and not spec.variables_prefix:
+            p = declared[0]
+        elif shared_scope is not None and shared_scope[0] == spec.prefix:
+            p = shared_scope[1]  # The member its variables are named after.
+        else:
+            p = self._nodes.unique_name(spec.prefix)
         self._prefixes.append(p)
         self._device, self._variable_device = spec.device, spec.variable_device
         collections = self._collections(spec)
@@ -236,10 +244,15 @@ class QuantizerBatch(range_updates.RangeUpdates):
         else:
             if declared:
                 min_var, max_var = declared[1:]
+                scope = declared[0]
             else:
+                scope = (self._nodes.unique_name(spec.variables_prefix)
+                         if spec.variables_prefix else p)
                 var_shape = [int(channels)] if spec.per_channel else []
-                min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
-                max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
+                min_var = self._variable(scope, "min", var_shape, spec.init_min, collections)
+                max_var = self._variable(scope, "max", var_shape, spec.init_max, collections)
+            if spec.variables_prefix:
+                self._variable_scopes[len(self._outputs)] = (spec.variables_prefix, scope)
             self._earlier.append(None)
             if spec.is_training:
                 lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
@@ -300,7 +313,7 @@ class QuantizerBatch(range_updates.RangeUpdates):
         can be read by a quantizer built before it.
         """
         if id(spec) not in self._declared:
-            p = self._nodes.unique_name(spec.prefix)
+            p = self._nodes.unique_name(spec.variables_prefix or spec.prefix)
             device, variable_device = self._device, self._variable_device
             self._device, self._variable_device = spec.device, spec.variable_device
             collections = self._collections(spec)

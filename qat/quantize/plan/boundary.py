@@ -62,7 +62,7 @@ ARITHMETIC = "arithmetic"
 LAYOUT_TYPES = frozenset([
     "Reshape", "Squeeze", "ExpandDims", "Transpose", "StridedSlice", "Slice",
     "GatherV2", "Split", "SplitV", "Unpack", "Tile", "Pad", "PadV2", "MirrorPad",
-    "StopGradient", "PreventGradient"])
+    "StopGradient", "PreventGradient", "ReverseV2"])
 # Ops that carry their one value operand on as the model does.
 STEP_TYPES = (op_table.ACTIVATION_TYPES | op_table.FUSABLE_ACTIVATION_TYPES
               | op_table.FIXED_RANGE_TYPES | op_table.SAME_SCALE_TYPES

@@ -120,6 +120,7 @@ class GraphView(tails.LayerTails):
         self.loss: Set[tf.Operation] = set()
         self.after_model: Set[tf.Operation] = set()
         self.library = None
+        self._topological: Optional[Dict[tf.Operation, int]] = None
         self._update_only = {}  # op -> feeds_only_state_updates(op)
 
     def _find_sources(self) -> None:
@@ -189,6 +190,30 @@ class GraphView(tails.LayerTails):
                     seen.add(i.op)
                     stack.append(i.op)
         return seen
+
+    def topological_index(self) -> Dict[tf.Operation, int]:
+        """The data ops' positions in an order where every op comes after
+        the data ops it reads (graph order, except where a rewrite made ops
+        after the user ops that read them: an unrolled loop)."""
+        if self._topological is None:
+            ops = sorted(self.data_ops, key=lambda o: o._id)  # pylint: disable=protected-access
+            index: Dict[tf.Operation, int] = {}
+            for start in ops:
+                if start in index:
+                    continue
+                stack = [(start, False)]
+                while stack:
+                    op, expanded = stack.pop()
+                    if op in index:
+                        continue
+                    if expanded:
+                        index[op] = len(index)
+                        continue
+                    stack.append((op, True))
+                    stack.extend((i.op, False) for i in reversed(op.inputs)
+                                 if i.op in self.data_ops and i.op not in index)
+            self._topological = index
+        return self._topological
 
     def function_library(self):
         """{function name: FunctionDef} of the graph (If branches)."""

@@ -41,6 +41,9 @@ OWN_RANGE_TYPES = frozenset([
     # A matmul of two activations (attention's scores and context), whose
     # data inputs both need ranges; one with a weight operand is a layer.
     "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+    # PACK (`tf.stack`: a recurrent layer's outputs of every step), one scale
+    # for its inputs and output as CONCATENATION (`shared_ranges`).
+    "Pack",
 ])
 
 # Reductions: a reduction to a scalar is loss arithmetic, not a model op.
@@ -55,6 +58,7 @@ RANGE_NAMES = {
     "LeakyRelu": "leaky_relu_quant", "Rsqrt": "rsqrt_quant",
     "BatchMatMul": "matmul_quant", "BatchMatMulV2": "matmul_quant",
     "BatchMatMulV3": "matmul_quant", "Einsum": "einsum_quant",
+    "Pack": "pack_quant",
 }
 DEFAULT_RANGE_NAME = "act_quant"
 
@@ -73,6 +77,8 @@ SAME_SCALE_TYPES = frozenset([
     "ExpandDims", "Transpose", "StridedSlice", "Slice", "DepthToSpace",
     "SpaceToDepth", "ResizeBilinear", "ResizeNearestNeighbor", "GatherV2",
     "Split", "SplitV", "Unpack", "Tile",
+    # REVERSE_V2 (a bidirectional layer's backward outputs in time order).
+    "ReverseV2",
     "StopGradient", "PreventGradient",
     # REDUCE_MAX / REDUCE_MIN (global max pooling): the input's scale.
     "Max", "Min",

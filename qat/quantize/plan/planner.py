@@ -105,6 +105,9 @@ class Plan:
     # TFLite kernel preconditions this range must meet, on the plan owning its
     # variables (`qat.quantize.plan.kernel_requirements.Requirement`).
     requirements: List = dataclasses.field(default_factory=list)
+    # The name scope of its variables when not `prefix`: a recurrence's range
+    # is named after its first step (`qat.quantize.plan.recurrences`).
+    variables_prefix: Optional[str] = None
 
 
 class Planner(rules.RangeRules, entries.EntryPlanning,

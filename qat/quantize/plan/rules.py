@@ -38,6 +38,9 @@ class RangeRules(object):
             if self._has_range(t):
                 return t
             op = t.op
+            value = self._filled_value(op)
+            if value is not None:
+                return value  # TFLite's FILL writes its value operand's scale.
             if self.entries.get(op) is not None:
                 return self.entries[op]  # A lookup's output has its table's scale.
             if op in self.looked_through:
@@ -59,9 +62,29 @@ class RangeRules(object):
                 return t
         return t
 
+    def _filled_value(self, op: tf.Operation):
+        """The constant a `Fill` of the data path fills with (a zero initial
+        state `Fill(batch size, 0)`), else None.
+
+        The converter keeps such a FILL (its shape is the batch's) and CSEs
+        identical ones (the zero cell and hidden states of an LSTM): a range
+        on its output would be lost. Quantized, the value operand makes each
+        FILL integer, writing the value's scale, and keeps them apart.
+        """
+        if (op.type != "Fill" or op not in self.data_ops or not _is_float(op.outputs[0])
+                or self.is_data(op.inputs[1]) or not _is_float(op.inputs[1])):
+            return None
+        return op.inputs[1]
+
+    def _is_filled(self, s: tf.Tensor) -> bool:
+        """Whether `s` is the value operand of a data-path `Fill` (`_source`)."""
+        return any(self._filled_value(c) is s for c in s.consumers())
+
     def _is_ranged(self, t: tf.Tensor) -> bool:
         """True if `t` reaches TFLite with a scale (learnt, fixed or constant)."""
         s = self._source(t)
+        if self._is_filled(s):
+            return self._has_range(s)
         if self._has_range(s) or not self.is_data(s) or s.op in self.interior:
             return True
         if s.op.type in op_table.FIXED_RANGE_TYPES:
@@ -69,8 +92,11 @@ class RangeRules(object):
         return False
 
     def _is_input(self, t: tf.Tensor) -> bool:
-        """Whether `t`'s range is a model source's (`qat.quantize.plan.feeds`)."""
-        return self.is_source(self._source(t))
+        """Whether `t`'s range is planned where it is read first: a model
+        source's (`qat.quantize.plan.feeds`), or the value a `Fill` fills
+        with (a recurrence's zero initial state, `_filled_value`)."""
+        s = self._source(t)
+        return self.is_source(s) or self._is_filled(s)
 
     def _require(self, t: tf.Tensor) -> None:
         """Gives `t` a range if it has none, at its source, for all readers."""
@@ -80,6 +106,10 @@ class RangeRules(object):
         if not _is_float(s):
             self._leave(s.name, "dtype %s: FakeQuant takes float32, float16 or bfloat16 only"
                         % s.dtype.name)
+            return
+        if self._is_filled(s):
+            fill = next(c for c in s.consumers() if self._filled_value(c) is s)
+            self._plan(s, plan_graph.own_context(fill), "fill_quant", -6.0, self.consumers(s))
             return
         self._plan(s, self._entry_context(s), "input_quant", -6.0,
                    self.consumers(s))

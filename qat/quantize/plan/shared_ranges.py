@@ -85,9 +85,11 @@ from qat.matching import tensors
 from qat.quantize.plan import clamps
 from qat.quantize.plan import converter_rewrites
 from qat.quantize.plan import op_table
+from qat.quantize.plan import recurrences
 from qat.quantize.plan import graph as plan_graph
 
-CONCAT_TYPES = frozenset(["ConcatV2", "Concat"])
+# Ops whose inputs and output TFLite keeps in one scale (CONCATENATION, PACK).
+CONCAT_TYPES = frozenset(["ConcatV2", "Concat", "Pack"])
 # Ops TFLite runs with their input's scale and a rounded output.
 ROUNDING_TYPES = frozenset(["AvgPool", "ResizeBilinear"])
 _ROUNDING_NAMES = {"AvgPool": "avg_pool_quant", "ResizeBilinear": "resize_quant"}
@@ -194,7 +196,8 @@ def plan_identity_rounding(planner, op: tf.Operation) -> None:
 
 
 def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
-    """Groups each planned concatenation with its inputs' sources (see above)."""
+    """Groups each planned concatenation (or stack) with its inputs' sources,
+    and the steps of each recurrence (`qat.quantize.plan.recurrences`)."""
     parent: Dict[tf.Tensor, tf.Tensor] = {}
 
     def find(t):
@@ -202,6 +205,11 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             parent[t] = parent[parent[t]]
             t = parent[t]
         return t
+
+    def join(a, b):
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        parent[find(a)] = find(b)
 
     concats = []
     for op in ordered:
@@ -217,22 +225,36 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             plan = planner.plans.get(source)
             if plan is None or plan.is_weight or plan.per_channel:
                 continue
-            parent.setdefault(source, source)
-            parent[find(source)] = find(out)
+            join(source, out)
             for upstream in _removed_reduction_sources(planner, source):
-                parent.setdefault(upstream, upstream)
-                parent[find(upstream)] = find(out)
+                join(upstream, out)
             merged = _merged_resize_input(planner, source)
             if merged is not None:
-                parent.setdefault(merged, merged)
-                parent[find(merged)] = find(out)
+                join(merged, out)
+    steps = recurrences.find(planner)
+    stepped = set()
+    for x, y in steps.tensor_pairs:
+        sx, sy = _step_member(planner, x), _step_member(planner, y)
+        if sx is not None and sy is not None and sx is not sy:
+            join(sx, sy)
+            stepped.update((sx, sy))
     groups: Dict[tf.Tensor, List[tf.Tensor]] = {}
     for t in parent:
         groups.setdefault(find(t), []).append(t)
     position = {t: k for k, t in enumerate(concats)}
+    order = None
     for members in groups.values():
-        # The last concatenation in graph order owns the range.
-        owner = max((t for t in members if t in position), key=position.get)
+        if len(members) < 2:
+            continue
+        if any(t in stepped for t in members):
+            # The member computed last owns the range (nothing in the group
+            # depends on it), named as its cell op's first step.
+            order = order if order is not None else planner.topological_index()
+            owner = max(members, key=lambda t: (order.get(t.op, -1), t.value_index))
+            _name_after_first_step(planner, owner, members, steps)
+        else:
+            # The last concatenation in graph order owns the range.
+            owner = max((t for t in members if t in position), key=position.get)
         owner_plan = planner.plans[owner]
         for t in sorted(members, key=lambda t: (t.op._id, t.value_index)):  # pylint: disable=protected-access
             if t is owner:
@@ -241,6 +263,31 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             # A rounding (an average pool's output) reads the group's range instead.
             plan.shared, plan.before_update = owner_plan, True
             owner_plan.members.append(t)
+
+
+def _step_member(planner, t: tf.Tensor):
+    """The planned range a recurrence's cell value `t` has, if it can be shared."""
+    if not planner.is_data(t) or not plan_graph.is_float(t):
+        return None
+    source = planner._source(t)  # pylint: disable=protected-access
+    plan = planner.plans.get(source)
+    if (plan is None or plan.is_weight or plan.per_channel or plan.fixed is not None
+            or plan.shared is not None):
+        return None
+    return source
+
+
+def _name_after_first_step(planner, owner: tf.Tensor, members: List[tf.Tensor],
+                           steps: "recurrences.Steps") -> None:
+    """Gives `owner`'s plan the name of its cell op's first step, which the
+    group's variables take: the same whatever the number of steps."""
+    first_op = steps.op_class.get(owner.op)
+    if first_op is None:
+        return
+    firsts = [t for t in members if t.op is first_op]
+    if not firsts or firsts[0] is owner:
+        return
+    planner.plans[owner].variables_prefix = planner.plans[firsts[0]].prefix
 
 
 def _removed_reduction_sources(planner, member: tf.Tensor) -> List[tf.Tensor]:
