@@ -24,6 +24,8 @@ LAYER_NORM = "layer_norm"
 EMBEDDING = "embedding"
 # A layer op a function call computed (tf_keras's grouped Conv2D), now in the graph.
 LAYER_CALL = "layer_call"
+# The steps of a recurrent loop, unrolled (`qat.prepare.loops`).
+LOOP = "loop"
 # Training graphs: what a Rsqrt reads where its quantized input is 0.
 ZERO_GUARD = "zero_guard"
 

@@ -10,6 +10,9 @@ and marked (`qat.engine.marks.is_replaced`), so a second call changes nothing:
                       variable read + GatherV2, so the table can get a range
   layer_calls      -> a function call computing one layer (tf_keras's
                       grouped Conv2D) as that layer op
+  loops            -> a recurrent layer's While loop (Keras LSTM / GRU /
+                      SimpleRNN, dynamic_rnn) unrolled, its tensor lists
+                      as lists of tensors
 
 `prepare_graph` runs them in this order (what `create_training_graph` and its
 siblings run before the fold); `qat.fold_batch_norms` and
@@ -19,6 +22,7 @@ import tensorflow as tf
 
 from qat.prepare import layer_calls
 from qat.prepare import layer_norm
+from qat.prepare import loops
 from qat.prepare import resource_gathers
 
 
@@ -27,3 +31,4 @@ def prepare_graph(graph: tf.Graph) -> None:
     layer_norm.unfuse_layer_norms(graph)
     resource_gathers.split_resource_gathers(graph)
     layer_calls.inline_layer_calls(graph)
+    loops.unroll_loops(graph)
