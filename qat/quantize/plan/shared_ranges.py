@@ -108,6 +108,7 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
         if op.type in ROUNDING_TYPES and planner._in_scope(op):  # pylint: disable=protected-access
             plan_rounding(planner, op)
         elif ((converter_rewrites.is_size_one_reduction(op)
+               or converter_rewrites.needs_stated_scale(op)
                or clamps.is_same_scale_clamp(op, planner.is_data)
                or (converter_rewrites.is_constant_select(op, planner.is_data)
                    and op not in planner.looked_through))
@@ -291,10 +292,12 @@ def _name_after_first_step(planner, owner: tf.Tensor, members: List[tf.Tensor],
 
 
 def _removed_reduction_sources(planner, member: tf.Tensor) -> List[tf.Tensor]:
-    """The ranges a member that is a reduction over size-1 axes reads by construction.
+    """The ranges a member that is a reduction over size-1 axes (or a
+    `converter_rewrites.needs_stated_scale` op: a reverse) reads by construction.
 
     Its FakeQuant (`plan_identity_rounding`) reads its input's source range;
-    the converter removes the reduction, so the concatenation reads that
+    the converter removes the reduction (runs the reverse in its input's
+    scale), so the concatenation reads that
     source's tensor in TFLite: the source joins the group (and so on up a
     chain of such reductions), or TFLite sees two scales ("same scale
     constraint").
@@ -303,7 +306,8 @@ def _removed_reduction_sources(planner, member: tf.Tensor) -> List[tf.Tensor]:
     t = member
     for _ in range(10000):
         op = t.op
-        if (not converter_rewrites.is_size_one_reduction(op)
+        if (not (converter_rewrites.is_size_one_reduction(op)
+                 or converter_rewrites.needs_stated_scale(op))
                 or not planner.is_data(op.inputs[0])):
             break
         t = planner._source(op.inputs[0])  # pylint: disable=protected-access
