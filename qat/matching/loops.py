@@ -103,6 +103,31 @@ def body_layers(op: tf.Operation, library: Dict[str, function_pb2.FunctionDef]) 
     return found
 
 
+def calls_recurrent_loop(op: tf.Operation, library: Dict[str, function_pb2.FunctionDef]
+                         ) -> bool:
+    """Whether `op` is a function call whose body runs a loop computing a
+    layer (tf_keras's `LSTM` / `GRU` in a tf.function: `standard_lstm`)."""
+    if op.type not in ("PartitionedCall", "StatefulPartitionedCall"):
+        return False
+    fdef = library.get(op.get_attr("f").name)
+    if fdef is None:
+        return False
+    for node in fdef.node_def:
+        if node.op in LOOP_TYPES and any(
+                library.get(name) is not None and any(
+                    n.op in LAYER_TYPES for n in library[name].node_def)
+                for name in _called(node.attr)):
+            return True
+    return False
+
+
+def function_graph_def(fdef: function_pb2.FunctionDef, shapes):
+    """`fdef` as a GraphDef (a Placeholder per argument, named after it) and
+    {output argument: "node:index"}."""
+    graph_def, names = function_def_to_graph.function_def_to_graph_def(fdef, shapes)
+    return graph_def, {arg.name: names[fdef.ret[arg.name]] for arg in fdef.signature.output_arg}
+
+
 def _function_graph(fdef: function_pb2.FunctionDef, shapes
                     ) -> Tuple[tf.Graph, List[tf.Tensor], List[tf.Tensor]]:
     """A FunctionDef as a plain graph: (graph, its inputs, its outputs), without
@@ -244,6 +269,20 @@ def static_ops(graph: tf.Graph, known: Set[tf.Tensor]) -> Set[tf.Operation]:
     return found
 
 
+def _read_placeholders(t: tf.Tensor) -> Set[tf.Operation]:
+    """The Placeholder ops `t` is computed from."""
+    stack, seen, found = [t.op], set(), set()
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type == "Placeholder":
+            found.add(op)
+        stack.extend(i.op for i in op.inputs)
+    return found
+
+
 def find_counters(loop: Loop, values: StaticValues) -> None:
     """Sets `loop.counters` (see the module docstring)."""
     counters = {k for k, t in enumerate(loop.op.inputs)
@@ -269,10 +308,11 @@ def trip_count(loop: Loop, values: StaticValues
     find_counters(loop, values)
     known_cond = {loop.cond_inputs[k] for k in loop.counters}
     if loop.cond_output.op not in static_ops(loop.cond, known_cond):
-        read = sorted(loop.cond_inputs[k].op.name for k in range(len(loop.cond_inputs))
-                      if k not in loop.counters)
+        read = _read_placeholders(loop.cond_output)
+        unknown = sorted({loop.op.inputs[k].name for k, t in enumerate(loop.cond_inputs)
+                          if k not in loop.counters and t.op in read})
         return None, ("its condition reads a value that is only known when the model runs "
-                      f"(a sequence length that is not static; loop variables {read})"), []
+                      f"({', '.join(unknown)}: a sequence length that is not static)"), []
     known_body = {loop.body_inputs[k] for k in loop.counters}
     static = [op for op in loop.body.get_operations()
               if op in static_ops(loop.body, known_body) and op.type != "Placeholder"]

@@ -77,6 +77,8 @@ def unroll_loops(graph: tf.Graph) -> int:
       The graph is unchanged when any of these is raised.
     """
     library = loops.library_of(graph)
+    if _inline_loop_calls(graph, library):
+        library = loops.library_of(graph)
     found = recurrent_loops(graph, library)
     if not found:
         return 0
@@ -101,6 +103,53 @@ def unroll_loops(graph: tf.Graph) -> int:
     for loop, _ in planned:
         function_graphs.detach(loop.op)
     return len(planned)
+
+
+def _inline_loop_calls(graph: tf.Graph, library) -> int:
+    """Puts the body of each function call that runs a recurrent loop in the
+    graph (tf_keras's `LSTM` / `GRU` in a tf.function call `standard_lstm`),
+    so its loop can be unrolled; the call is left unconnected and marked."""
+    calls = [op for op in graph.get_operations()
+             if not marks.is_replaced(op) and loops.calls_recurrent_loop(op, library)]
+    if not calls:
+        return 0
+    rewrite = rewrite_lib.Rewrite(graph, marks.LOOP)
+    nodes = rewrite.nodes
+    for call in calls:
+        fdef = library[call.get_attr("f").name]
+        graph_def, outputs = loops.function_graph_def(fdef, [t.shape for t in call.inputs])
+        args = {arg.name: nodes.external(t) for arg, t in zip(fdef.signature.input_arg,
+                                                                call.inputs)}
+        body = [node for node in graph_def.node if node.name not in args]
+        # Not `<call>/<node>`: the name TensorFlow gives the same node inlining the call.
+        names = {node.name: nodes.unique_name(f"{call.name}_inlined/{node.name}")
+                 for node in body}
+
+        def mapped(ref: str) -> str:
+            control = ref.startswith("^")
+            name, _, index = ref.lstrip("^").partition(":")
+            if name in args:
+                return args[name]
+            new = names[name]
+            return "^" + new if control else (f"{new}:{index}" if index else new)
+
+        for node in body:
+            data = [mapped(i) for i in node.input if not i.startswith("^")]
+            control = [mapped(i)[1:] for i in node.input if i.startswith("^")]
+            attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+            nodes.node(names[node.name], node.op, data, device=call.device, control=control,
+                       **attrs)
+        for out, arg in zip(call.outputs, fdef.signature.output_arg):
+            source = outputs[arg.name].split(":")[0]
+            new = (call.inputs[[a.name for a in fdef.signature.input_arg].index(source)]
+                   if source in args else mapped(outputs[arg.name]))
+            rewrite.reroute_consumers(out, new, out.consumers())
+        rewrite.set_attr(call, marks.REPLACED_BY_ATTR,
+                         attr_value_pb2.AttrValue(s=call.name.encode()))
+    rewrite_lib.apply(rewrite)
+    for call in calls:
+        function_graphs.detach(call)
+    return len(calls)
 
 
 class _Unroller(object):
