@@ -42,10 +42,18 @@ MAX_STEPS = 10000
 
 @dataclasses.dataclass
 class Loop:
-    """One `While` op and its functions.
+    """One loop: a `While` op and its functions, or a TF1 loop's frame
+    (`qat.matching.frames`), in one form.
 
     Attributes:
-      op: the While / StatelessWhile op.
+      name: the loop's name (the While op's; a TF1 loop's name scope).
+      kind: what it is, for messages ("While", "TF1 while loop").
+      inputs: the graph's tensors that are the loop variables' first values
+        (then the values a TF1 loop reads unchanged).
+      outputs: the graph's tensors that are their last values (None where
+        the graph has none).
+      ops: the ops of the graph the loop is (the While op; a frame's ops).
+      device: the device of the loop.
       body: the body as a plain graph; `body_inputs` are its Placeholders
         (one per loop variable) and `body_outputs` the loop variables' next
         values, in loop-variable order.
@@ -53,7 +61,12 @@ class Loop:
       counters: loop-variable indices whose values are known at every step.
       layers: names of the layer ops in the body (and functions it calls).
     """
-    op: tf.Operation
+    name: str
+    kind: str
+    inputs: List[tf.Tensor]
+    outputs: List[Optional[tf.Tensor]]
+    ops: List[tf.Operation]
+    device: str
     body: tf.Graph
     body_inputs: List[tf.Tensor]
     body_outputs: List[tf.Tensor]
@@ -65,7 +78,7 @@ class Loop:
 
     def describe(self) -> str:
         """The loop and the layers it computes, for messages."""
-        return f"the {self.op.type} loop '{self.op.name}' (layers {', '.join(self.layers)})"
+        return f"the {self.kind} '{self.name}' (layers {', '.join(self.layers)})"
 
 
 def library_of(graph: tf.Graph) -> Dict[str, function_pb2.FunctionDef]:
@@ -151,7 +164,8 @@ def loop_of(op: tf.Operation, library: Dict[str, function_pb2.FunctionDef]) -> L
     shapes = [t.shape for t in op.inputs]
     body, body_inputs, body_outputs = _function_graph(library[op.get_attr("body").name], shapes)
     cond, cond_inputs, cond_outputs = _function_graph(library[op.get_attr("cond").name], shapes)
-    return Loop(op, body, body_inputs, body_outputs, cond, cond_inputs, cond_outputs[0],
+    return Loop(op.name, f"{op.type} loop", list(op.inputs), list(op.outputs), [op], op.device,
+                body, body_inputs, body_outputs, cond, cond_inputs, cond_outputs[0],
                 layers=body_layers(op, library))
 
 
@@ -235,6 +249,8 @@ def evaluate(op: tf.Operation, inputs: List[np.ndarray]) -> List[np.ndarray]:
     node.name = "op"
     del node.input[:]
     node.ClearField("device")
+    for key in [k for k in node.attr if k.startswith("_")]:  # Colocation with other nodes.
+        del node.attr[key]
     graph = tf.Graph()
     with graph.as_default():
         graph_def = graph.as_graph_def()
@@ -285,7 +301,7 @@ def _read_placeholders(t: tf.Tensor) -> Set[tf.Operation]:
 
 def find_counters(loop: Loop, values: StaticValues) -> None:
     """Sets `loop.counters` (see the module docstring)."""
-    counters = {k for k, t in enumerate(loop.op.inputs)
+    counters = {k for k, t in enumerate(loop.inputs)
                 if t.dtype not in _HANDLE_DTYPES and values.value(t) is not None}
     while True:
         known = {loop.body_inputs[k] for k in counters}
@@ -309,7 +325,7 @@ def trip_count(loop: Loop, values: StaticValues
     known_cond = {loop.cond_inputs[k] for k in loop.counters}
     if loop.cond_output.op not in static_ops(loop.cond, known_cond):
         read = _read_placeholders(loop.cond_output)
-        unknown = sorted({loop.op.inputs[k].name for k, t in enumerate(loop.cond_inputs)
+        unknown = sorted({loop.inputs[k].name for k, t in enumerate(loop.cond_inputs)
                           if k not in loop.counters and t.op in read})
         return None, ("its condition reads a value that is only known when the model runs "
                       f"({', '.join(unknown)}: a sequence length that is not static)"), []
@@ -317,7 +333,7 @@ def trip_count(loop: Loop, values: StaticValues
     static = [op for op in loop.body.get_operations()
               if op in static_ops(loop.body, known_body) and op.type != "Placeholder"]
     fetches = [t for op in static for t in op.outputs]
-    state = {k: values.value(loop.op.inputs[k]) for k in loop.counters}
+    state = {k: values.value(loop.inputs[k]) for k in loop.counters}
     steps: List[Dict[tf.Tensor, np.ndarray]] = []
     with tf.compat.v1.Session(graph=loop.cond) as cond_sess, \
             tf.compat.v1.Session(graph=loop.body) as body_sess:

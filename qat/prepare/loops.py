@@ -35,6 +35,7 @@ from tensorflow.core.framework import attr_value_pb2
 from qat.engine import function_graphs
 from qat.engine import marks
 from qat.engine import rewrite as rewrite_lib
+from qat.matching import frames
 from qat.matching import loops
 from qat.prepare import tensor_lists
 from qat.prepare.tensor_lists import Ref, Static, TensorList
@@ -52,12 +53,13 @@ class UnknownStepsError(UnrollError):
     """A recurrent loop whose number of steps is not known when the graph is built."""
 
 
-def recurrent_loops(graph: tf.Graph, library=None) -> List[tf.Operation]:
-    """The While ops of `graph` whose body computes a layer, not unrolled yet."""
+def recurrent_loops(graph: tf.Graph, library=None) -> List[loops.Loop]:
+    """The loops of `graph` whose body computes a layer, not unrolled yet:
+    While ops, and TF1 loops (`qat.matching.frames`)."""
     library = loops.library_of(graph) if library is None else library
-    return [op for op in graph.get_operations()
+    return [loops.loop_of(op, library) for op in graph.get_operations()
             if op.type in loops.LOOP_TYPES and not marks.is_replaced(op)
-            and loops.body_layers(op, library)]
+            and loops.body_layers(op, library)] + frames.frame_loops(graph)
 
 
 def unroll_loops(graph: tf.Graph) -> int:
@@ -84,8 +86,7 @@ def unroll_loops(graph: tf.Graph) -> int:
         return 0
     values = loops.StaticValues()
     planned = []
-    for op in found:
-        loop = loops.loop_of(op, library)
+    for loop in found:
         count, why, steps = loops.trip_count(loop, values)
         if count is None:
             raise UnknownStepsError(
@@ -101,7 +102,8 @@ def unroll_loops(graph: tf.Graph) -> int:
             raise UnrollError(f"qat cannot unroll {loop.describe()}: {e}. {FIX}.") from e
     rewrite_lib.apply(rewrite)
     for loop, _ in planned:
-        function_graphs.detach(loop.op)
+        for op in loop.ops:
+            function_graphs.detach(op)
     return len(planned)
 
 
@@ -177,7 +179,7 @@ class _Unroller(object):
         if t in self.outer:
             return self.outer[t]
         op = t.op
-        if t.dtype == tf.variant:
+        if tensor_lists.is_list(t):
             if op.type == "Identity":
                 value = self._outer_value(op.inputs[0])
             elif op.type in tensor_lists.LIST_TYPES:
@@ -204,9 +206,9 @@ class _Unroller(object):
     # --- One loop -------------------------------------------------------------------------
 
     def unroll(self, loop: loops.Loop, steps: List[Dict[tf.Tensor, np.ndarray]]) -> None:
-        self.device = loop.op.device
-        self.scope = loop.op.name
-        state = [self._outer_value(t) for t in loop.op.inputs]
+        self.device = loop.device
+        self.scope = loop.name
+        state = [self._outer_value(t) for t in loop.inputs]
         first = None
         for k, known in enumerate(steps):
             env: Dict[tf.Tensor, tensor_lists.Value] = {}
@@ -239,12 +241,12 @@ class _Unroller(object):
                 env.update((o, Ref("%s:%d" % (emitted[op], o.value_index)))
                            for o in op.outputs)
             state = [env[t] for t in loop.body_outputs]
-        self._replace(loop.op, state, first)
+        self._replace(loop, state, first)
 
     def _step_name(self, loop: loops.Loop, k: int, op: tf.Operation) -> str:
-        prefix = loop.op.name + "/"
+        prefix = loop.name + "/"
         relative = op.name[len(prefix):] if op.name.startswith(prefix) else op.name
-        return f"{loop.op.name}/step_{k}/{relative}"
+        return f"{loop.name}/step_{k}/{relative}"
 
     def _emit(self, op: tf.Operation, env, emitted: Dict[tf.Operation, str], name: str) -> str:
         inputs = [self._input_name(env[i], op.name) for i in op.inputs]
@@ -256,13 +258,15 @@ class _Unroller(object):
 
     # --- The loop's readers ---------------------------------------------------------------
 
-    def _replace(self, loop_op: tf.Operation, final: List[tensor_lists.Value],
+    def _replace(self, loop: loops.Loop, final: List[tensor_lists.Value],
                  first: Optional[str]) -> None:
         """Moves the loop's readers onto the last step's values; marks it replaced."""
-        for out, value in zip(loop_op.outputs, final):
-            self._replace_tensor(out, value)
-        self.rewrite.set_attr(loop_op, marks.REPLACED_BY_ATTR,
-                              attr_value_pb2.AttrValue(s=(first or "").encode()))
+        for out, value in zip(loop.outputs, final):
+            if out is not None:
+                self._replace_tensor(out, value)
+        for op in loop.ops:
+            self.rewrite.set_attr(op, marks.REPLACED_BY_ATTR,
+                                  attr_value_pb2.AttrValue(s=(first or "").encode()))
 
     def _replace_tensor(self, t: tf.Tensor, value: tensor_lists.Value) -> None:
         self.outer[t] = value

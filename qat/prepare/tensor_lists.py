@@ -21,10 +21,22 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-# The list ops an unrolled loop may read or write.
+# The list ops an unrolled loop may read or write: tensor lists (control flow
+# v2), and TensorArrays (v1), whose state is their float "flow" tensor.
+TENSOR_ARRAY_TYPES = frozenset([
+    "TensorArrayV3", "TensorArrayScatterV3", "TensorArrayReadV3", "TensorArrayWriteV3",
+    "TensorArrayGatherV3", "TensorArraySizeV3"])
 LIST_TYPES = frozenset([
     "TensorListReserve", "TensorListFromTensor", "TensorListGetItem", "TensorListSetItem",
-    "TensorListStack", "TensorListLength", "TensorListPushBack", "TensorListGather"])
+    "TensorListStack", "TensorListLength", "TensorListPushBack", "TensorListGather"]
+) | TENSOR_ARRAY_TYPES
+# TensorArray outputs that are the array's state (its flow).
+_FLOW_OUTPUTS = {"TensorArrayV3": 1, "TensorArrayScatterV3": 0, "TensorArrayWriteV3": 0}
+
+
+def is_list(t: tf.Tensor) -> bool:
+    """Whether `t` holds a list: a tensor list, or a TensorArray's flow."""
+    return t.dtype == tf.variant or _FLOW_OUTPUTS.get(t.op.type) == t.value_index
 
 
 class UnsupportedListError(ValueError):
@@ -84,6 +96,8 @@ class ListOps(object):
             before it is written, an op outside `LIST_TYPES`.
         """
         kind = op.type
+        if kind in TENSOR_ARRAY_TYPES:
+            return self._tensor_array(op, inputs, name)
         if kind == "TensorListReserve":
             count = int(self._static(op, inputs[1]))
             return [TensorList([None] * count, op.get_attr("element_dtype"))]
@@ -116,11 +130,45 @@ class ListOps(object):
             return [Static(np.asarray(len(tensor_list.elements), np.int32), tf.int32)]
         if kind == "TensorListStack":
             return [self._pack(op, [self._element(op, tensor_list, k)
-                                    for k in range(len(tensor_list.elements))], name)]
+                                    for k in range(len(tensor_list.elements))], name,
+                               tensor_list.element_dtype)]
         if kind == "TensorListGather":
             indices = np.ravel(self._static(op, inputs[1]))
-            return [self._pack(op, [self._element(op, tensor_list, k) for k in indices], name)]
+            return [self._pack(op, [self._element(op, tensor_list, k) for k in indices], name,
+                               tensor_list.element_dtype)]
         raise UnsupportedListError(f"{op.name}: the list op {kind} is not supported")
+
+    def _tensor_array(self, op: tf.Operation, inputs: List[Value], name: str) -> List[Value]:
+        """A TensorArray op: the array is its flow input (the last), the
+        handle only names it."""
+        kind = op.type
+        if kind == "TensorArrayV3":
+            count = int(self._static(op, inputs[0]))
+            return [Ref(""), TensorList([None] * count, op.get_attr("dtype"))]
+        array = self._list(op, inputs[-1])
+        if kind == "TensorArrayReadV3":
+            return [self._element(op, array, self._static(op, inputs[1]))]
+        if kind == "TensorArraySizeV3":
+            return [Static(np.asarray(len(array.elements), np.int32), tf.int32)]
+        if kind == "TensorArrayGatherV3":
+            indices = np.ravel(self._static(op, inputs[1]))
+            return [self._pack(op, [self._element(op, array, k) for k in indices], name,
+                               array.element_dtype)]
+        elements = list(array.elements)
+        if kind == "TensorArrayWriteV3":
+            index = int(self._static(op, inputs[1]))
+            if index >= len(elements):
+                raise UnsupportedListError(f"{op.name} writes index {index} of a TensorArray "
+                                           f"of {len(elements)}")
+            elements[index] = self._ref(op, inputs[2])
+        else:  # TensorArrayScatterV3: row k of the value to index indices[k].
+            for k, index in enumerate(np.ravel(self._static(op, inputs[1]))):
+                if not 0 <= int(index) < len(elements):
+                    raise UnsupportedListError(f"{op.name} writes index {index} of a "
+                                               f"TensorArray of {len(elements)}")
+                elements[int(index)] = self._row(inputs[2], k, array.element_dtype,
+                                                 f"{name}/element_{int(index)}")
+        return [TensorList(elements, array.element_dtype)]
 
     @staticmethod
     def _static(op: tf.Operation, value: Value) -> np.ndarray:
@@ -167,11 +215,11 @@ class ListOps(object):
                           new_axis_mask=0, shrink_axis_mask=1)
         return Ref(node)
 
-    def _pack(self, op: tf.Operation, elements: List[Ref], name: str) -> Ref:
+    def _pack(self, op: tf.Operation, elements: List[Ref], name: str, dtype: tf.DType) -> Ref:
         if not elements:
             raise UnsupportedListError(f"{op.name} ({op.type}) stacks an empty list")
         nodes = self._nodes
         node = nodes.node(nodes.unique_name(name), "Pack", [e.name for e in elements],
-                          device=self._device, T=op.get_attr("element_dtype"),
+                          device=self._device, T=dtype,
                           N=len(elements), axis=attr_value_pb2.AttrValue(i=0))
         return Ref(node)

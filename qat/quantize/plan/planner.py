@@ -259,7 +259,7 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         layers = [op for op in self.layers if self._in_scope(op)]
         for layer in layers:
             self.plan_weights(layer)
-        ordered = sorted(self.data_ops, key=lambda o: o._id)  # pylint: disable=protected-access
+        ordered = self.ordered_ops()
         self._find_structures(ordered)
         for layer in self.layers:
             tail, out = self.walk_tail(layer, stop=self.interior)

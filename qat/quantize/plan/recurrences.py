@@ -123,8 +123,9 @@ class _Matcher(object):
                 and all(self._same_operand(x, y) for x, y in zip(a.inputs, b.inputs)))
 
     def _record(self, a: tf.Operation, b: tf.Operation) -> bool:
-        """Records a ~ b (and what they read at one index); False if known."""
-        if self.pairs.get(a) is b:
+        """Records a ~ b (and what they read at one index); False if `a` has
+        its match already (the first one found stands)."""
+        if a in self.pairs:
             return False
         self.pairs[a] = b
         for x, y in zip(a.inputs, b.inputs):
