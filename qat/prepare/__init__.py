@@ -10,9 +10,13 @@ and marked (`qat.engine.marks.is_replaced`), so a second call changes nothing:
                       variable read + GatherV2, so the table can get a range
   layer_calls      -> a function call computing one layer (tf_keras's
                       grouped Conv2D) as that layer op
-  loops            -> a recurrent layer's While loop (Keras LSTM / GRU /
-                      SimpleRNN, dynamic_rnn) unrolled, its tensor lists
-                      as lists of tensors
+
+and, first of all (it refuses a loop it cannot unroll before anything else
+changes),
+
+  loops            -> a recurrent layer's loop (Keras LSTM / GRU /
+                      SimpleRNN, dynamic_rnn; While ops and TF1 frames)
+                      unrolled, its tensor lists as lists of tensors
 
 `prepare_graph` runs them in this order (what `create_training_graph` and its
 siblings run before the fold); `qat.fold_batch_norms` and
@@ -28,7 +32,9 @@ from qat.prepare import resource_gathers
 
 def prepare_graph(graph: tf.Graph) -> None:
     """Runs every normalisation on `graph`, in place, in pipeline order."""
+    # First: it refuses a loop it cannot unroll before anything is changed,
+    # and the other passes then see the steps' ops.
+    loops.unroll_loops(graph)
     layer_norm.unfuse_layer_norms(graph)
     resource_gathers.split_resource_gathers(graph)
     layer_calls.inline_layer_calls(graph)
-    loops.unroll_loops(graph)

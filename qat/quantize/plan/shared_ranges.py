@@ -252,7 +252,7 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             # depends on it), named as its cell op's first step.
             order = order if order is not None else planner.topological_index()
             owner = max(members, key=lambda t: (order.get(t.op, -1), t.value_index))
-            _name_after_first_step(planner, owner, members, steps)
+            _name_after_first_step(planner, owner, members, steps, order)
         else:
             # The last concatenation in graph order owns the range.
             owner = max((t for t in members if t in position), key=position.get)
@@ -279,16 +279,18 @@ def _step_member(planner, t: tf.Tensor):
 
 
 def _name_after_first_step(planner, owner: tf.Tensor, members: List[tf.Tensor],
-                           steps: "recurrences.Steps") -> None:
-    """Gives `owner`'s plan the name of its cell op's first step, which the
-    group's variables take: the same whatever the number of steps."""
-    first_op = steps.op_class.get(owner.op)
-    if first_op is None:
+                           steps: "recurrences.Steps", order) -> None:
+    """Names the group's variables after the first step of its last cell value
+    (the last step's, computed last): the same name whatever the number of
+    steps, and for a loop and its unrolled form."""
+    stepped = [t for t in members if t.op in steps.op_class and planner.plans[t].fixed is None]
+    if not stepped:
         return
-    firsts = [t for t in members if t.op is first_op]
-    if not firsts or firsts[0] is owner:
-        return
-    planner.plans[owner].variables_prefix = planner.plans[firsts[0]].prefix
+    last = max(stepped, key=lambda t: (order.get(t.op, -1), t.value_index))
+    first_op = steps.op_class[last.op]
+    firsts = [t for t in members if t.op is first_op and planner.plans[t].fixed is None]
+    if firsts and firsts[0] is not owner:
+        planner.plans[owner].variables_prefix = planner.plans[firsts[0]].prefix
 
 
 def _removed_reduction_sources(planner, member: tf.Tensor) -> List[tf.Tensor]:
