@@ -26,6 +26,8 @@ EMBEDDING = "embedding"
 LAYER_CALL = "layer_call"
 # The steps of a recurrent loop, unrolled (`qat.prepare.loops`).
 LOOP = "loop"
+# `zeros_like(x)` as a Fill of x's shape (`qat.prepare.constant_fills`).
+CONSTANT_FILL = "constant_fill"
 # Training graphs: what a Rsqrt reads where its quantized input is 0.
 ZERO_GUARD = "zero_guard"
 

@@ -36,10 +36,9 @@ the cell op classes (for naming a shared range after the first step).
 import dataclasses
 from typing import Dict, List, Optional, Set, Tuple
 
-import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import tensor_util
 
+from qat.matching import tensors
 from qat.quantize.plan import patterns as qp
 
 # Ops a weight is read through: one variable however often it is read.
@@ -78,13 +77,6 @@ def _attrs(op: tf.Operation) -> Dict[str, bytes]:
             if not k.startswith("_")}
 
 
-def _constant(t: tf.Tensor):
-    try:
-        return tensor_util.constant_value(t)
-    except (TypeError, ValueError):
-        return None
-
-
 class _Matcher(object):
     """Matches the ops of consecutive steps (see the module docstring)."""
 
@@ -93,6 +85,7 @@ class _Matcher(object):
         self.pairs: Dict[tf.Operation, tf.Operation] = {}  # step k op -> step k+1 op
         self.tensor_pairs: List[Tuple[tf.Tensor, tf.Tensor]] = []
         self._attr_memo: Dict[tf.Operation, Dict[str, bytes]] = {}
+        self.numbers = tensors.ValueNumbers()
 
     def _same_operand(self, a: tf.Tensor, b: tf.Tensor) -> bool:
         """Whether operands `a` and `b` of two matched ops are one operand
@@ -105,11 +98,10 @@ class _Matcher(object):
         data_a, data_b = self.view.is_data(a), self.view.is_data(b)
         if data_a or data_b:
             return data_a and data_b
-        if weight_key(a) is weight_key(b):
-            return True
-        va, vb = _constant(a), _constant(b)
-        return (va is not None and vb is not None and np.shape(va) == np.shape(vb)
-                and bool(np.all(np.asarray(va) == np.asarray(vb))))
+        # Parameters: one value (reads of one variable, equal constants, a
+        # bias sliced from one variable at every step).
+        return (a.value_index == b.value_index
+                and self.numbers.number(a.op) == self.numbers.number(b.op))
 
     def _attrs(self, op: tf.Operation) -> Dict[str, bytes]:
         if op not in self._attr_memo:

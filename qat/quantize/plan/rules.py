@@ -199,7 +199,8 @@ class RangeRules(object):
         return op_table.RANGE_NAMES.get(op.type, op_table.DEFAULT_RANGE_NAME)
 
     def visit_own_range(self, op: tf.Operation) -> None:
-        data = [i for i in op.inputs if self.is_data(i)]
+        values = op.inputs[1:] if op.type in op_table.CONDITION_TYPES else op.inputs
+        data = [i for i in values if self.is_data(i)]
         if not data or (op.type in op_table.REDUCTION_TYPES
                         and op.outputs[0].shape.rank == 0):
             return

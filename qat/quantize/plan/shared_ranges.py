@@ -88,8 +88,9 @@ from qat.quantize.plan import op_table
 from qat.quantize.plan import recurrences
 from qat.quantize.plan import graph as plan_graph
 
-# Ops whose inputs and output TFLite keeps in one scale (CONCATENATION, PACK).
-CONCAT_TYPES = frozenset(["ConcatV2", "Concat", "Pack"])
+# Ops whose inputs and output TFLite keeps in one scale (CONCATENATION, PACK,
+# SELECT_V2 of two values).
+CONCAT_TYPES = frozenset(["ConcatV2", "Concat", "Pack", "Select", "SelectV2"])
 # Ops TFLite runs with their input's scale and a rounded output.
 ROUNDING_TYPES = frozenset(["AvgPool", "ResizeBilinear"])
 _ROUNDING_NAMES = {"AvgPool": "avg_pool_quant", "ResizeBilinear": "resize_quant"}
@@ -114,27 +115,33 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
                    and op not in planner.looked_through))
               and planner._in_scope(op)):  # pylint: disable=protected-access
             plan_identity_rounding(planner, op)
+    share_concat_ranges(planner, ordered, recurrences.find(planner))
     share_identical_outputs(planner, ordered)
-    share_concat_ranges(planner, ordered)
 
 
 def share_identical_outputs(planner, ordered: List[tf.Operation]) -> None:
-    """Ops computing the same value (one type, inputs and attributes: two
-    ReLUs of one tensor) are one op for the converter, with one scale: each
-    later one reads the first one's range."""
-    first: Dict[tuple, List[tf.Operation]] = {}
+    """Ops computing the same value (one type, attributes and inputs of the
+    same values: two ReLUs of one tensor; the first step of a recurrent loop
+    and the step Keras computes outside it for the output's shape) are one
+    op for the converter, with one scale: they read one range
+    (`tensors.ValueNumbers`), a group's where one of them is in a group
+    (`share_concat_ranges`, run before), else the first one's."""
+    numbers = tensors.ValueNumbers()
+    same: Dict[int, List[tf.Operation]] = {}
     for op in ordered:
         if not op.outputs or op not in planner.model:
             continue
         plan = planner.plans.get(op.outputs[0])
-        if plan is None or plan.is_weight or plan.shared is not None or plan.fixed is not None:
-            continue
-        key = (op.type, tuple(op.inputs))
-        owner = next((o for o in first.get(key, ()) if tensors.same_computation(o, op)), None)
-        if owner is None:
-            first.setdefault(key, []).append(op)
-        elif not plan.members:
-            plan.shared = planner.plans[owner.outputs[0]]
+        if plan is None or plan.is_weight or plan.fixed is not None or (
+                plan.shared is not None and not plan.before_update):
+            continue  # A rounding or a twin of its own reads its range already.
+        same.setdefault(numbers.number(op), []).append(op)
+    for ops in same.values():
+        plans = [planner.plans[op.outputs[0]] for op in ops]
+        owner = next((p for p in plans if p.shared is not None or p.members), plans[0])
+        for plan in plans:
+            if plan is not owner and plan.shared is None and not plan.members:
+                plan.shared = owner
 
 
 def plan_rounding(planner, op: tf.Operation) -> None:
@@ -196,7 +203,8 @@ def plan_identity_rounding(planner, op: tf.Operation) -> None:
             planner.plans[out].shared = source
 
 
-def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
+def share_concat_ranges(planner, ordered: List[tf.Operation],
+                        steps: "recurrences.Steps") -> None:
     """Groups each planned concatenation (or stack) with its inputs' sources,
     and the steps of each recurrence (`qat.quantize.plan.recurrences`)."""
     parent: Dict[tf.Tensor, tf.Tensor] = {}
@@ -232,7 +240,6 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             merged = _merged_resize_input(planner, source)
             if merged is not None:
                 join(merged, out)
-    steps = recurrences.find(planner)
     stepped = set()
     for x, y in steps.tensor_pairs:
         sx, sy = _step_member(planner, x), _step_member(planner, y)
@@ -245,13 +252,15 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
     position = {t: k for k, t in enumerate(concats)}
     order = None
     for members in groups.values():
-        if len(members) < 2:
-            continue
+        if (len(members) < 2 or _takes_fixed_grid(planner, members)
+                or all(planner.plans[t].fixed is not None for t in members)):
+            continue  # Fixed grids: the kernels', constants.
         if any(t in stepped for t in members):
             # The member computed last owns the range (nothing in the group
             # depends on it), named as its cell op's first step.
             order = order if order is not None else planner.topological_index()
-            owner = max(members, key=lambda t: (order.get(t.op, -1), t.value_index))
+            owner = max((t for t in members if planner.plans[t].fixed is None),
+                        key=lambda t: (order.get(t.op, -1), t.value_index))
             _name_after_first_step(planner, owner, members, steps, order)
         else:
             # The last concatenation in graph order owns the range.
@@ -266,14 +275,33 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             owner_plan.members.append(t)
 
 
+# Ops whose TFLite kernel needs one scale for its values and output, which the
+# converter does not requantize to ("same scale constraint"): unlike a
+# CONCATENATION's, their inputs cannot keep a kernel's fixed grid of their own.
+_ONE_SCALE_TYPES = frozenset(["Select", "SelectV2", "Pack"])
+
+
+def _takes_fixed_grid(planner, members: List[tf.Tensor]) -> bool:
+    """Where a group with an op of `_ONE_SCALE_TYPES` has a member on a
+    kernel's fixed grid (a SimpleRNN's state: a TANH output, kept by a mask's
+    select), every member takes that grid: True when it did."""
+    grids = {planner.plans[t].fixed for t in members} - {None}
+    if len(grids) != 1 or not any(t.op.type in _ONE_SCALE_TYPES for t in members):
+        return False
+    grid = grids.pop()
+    for t in members:
+        plan = planner.plans[t]
+        plan.fixed, plan.shared, plan.before_update = grid, None, False
+    return True
+
+
 def _step_member(planner, t: tf.Tensor):
     """The planned range a recurrence's cell value `t` has, if it can be shared."""
     if not planner.is_data(t) or not plan_graph.is_float(t):
         return None
     source = planner._source(t)  # pylint: disable=protected-access
     plan = planner.plans.get(source)
-    if (plan is None or plan.is_weight or plan.per_channel or plan.fixed is not None
-            or plan.shared is not None):
+    if plan is None or plan.is_weight or plan.per_channel or plan.shared is not None:
         return None
     return source
 
