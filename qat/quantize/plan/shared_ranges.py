@@ -140,8 +140,21 @@ def share_identical_outputs(planner, ordered: List[tf.Operation]) -> None:
         plans = [planner.plans[op.outputs[0]] for op in ops]
         owner = next((p for p in plans if p.shared is not None or p.members), plans[0])
         for plan in plans:
-            if plan is not owner and plan.shared is None and not plan.members:
+            if (plan is not owner and plan.shared is None and not plan.members
+                    and not _reads_range_of(owner, plan)):
                 plan.shared = owner
+
+
+def _reads_range_of(plan, other) -> bool:
+    """Whether `plan` reads `other`'s range, through the plans it shares."""
+    for _ in range(10000):
+        if plan is other:
+            return True
+        if plan.shared is None:
+            return False
+        plan = plan.shared
+    return True
+
 
 
 def plan_rounding(planner, op: tf.Operation) -> None:
@@ -223,8 +236,9 @@ def share_concat_ranges(planner, ordered: List[tf.Operation],
     concats = []
     for op in ordered:
         out = op.outputs[0] if op.outputs else None
-        if op.type not in CONCAT_TYPES or out not in planner.plans or op not in planner.model:
-            continue
+        if (op.type not in CONCAT_TYPES or out not in planner.plans or op not in planner.model
+                or planner.plans[out].shared is not None):
+            continue  # A select of a constant reads its value's range (a rounding).
         concats.append(out)
         parent.setdefault(out, out)
         for i in op.inputs:
