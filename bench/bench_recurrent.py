@@ -56,7 +56,7 @@ def main(_):
     print(f"digit rows: 8 steps of 8 features, {FLAGS.units} units; float {FLAGS.float_steps} "
           f"steps, QAT {FLAGS.qat_steps} steps")
     print(f"{'form':<22} {'flavour':<7} {'float':>7} {'QAT':>7} {'TFLite':>7} {'agree':>7} "
-          f"{'float ops':>9} {'own steps':>9} {'size':>9} {'seconds':>8}")
+          f"{'float_ops':>9} {'own_steps':>9} {'size':>9} {'seconds':>8}")
     for form in FLAGS.forms:
         start = time.time()
         rows = models.run_form(form, FLAGS.units, FLAGS.float_steps, FLAGS.qat_steps,
