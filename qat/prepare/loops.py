@@ -190,7 +190,10 @@ class _Unroller(object):
                 raise tensor_lists.UnsupportedListError(
                     f"the list {t.name} comes from {op.type}, which the unroller does not follow")
         else:
-            static = None if t.dtype == tf.resource else self.values.value(t)
+            # A float value stays the graph's tensor (a zero initial state, which
+            # the planner quantizes as the state); counters and sizes are constants.
+            static = (None if t.dtype == tf.resource or t.dtype.is_floating
+                      else self.values.value(t))
             value = (Static(static, t.dtype) if static is not None
                      else Ref(self.nodes.external(t), t))
         self.outer[t] = value

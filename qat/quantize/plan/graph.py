@@ -107,7 +107,7 @@ class GraphView(tails.LayerTails):
              or qp.is_gradient_kernel(op)])
         layers = layer_patterns.layer_ops(graph)
         layers += [op for op in ops if op.type in qp.TRANSPOSED_CONV_TYPES]
-        # Ops a rewrite replaced (a loop's, unrolled): unconnected, never read.
+        # Ops a rewrite replaced (a loop it unrolled): no reader of theirs computes.
         self.replaced = {op for op in ops if op.type in REPLACEABLE_TYPES
                          and marks.is_replaced(op)}
         self.gradient_layers = [op for op in layers if op in self.gradient_ops]
@@ -287,12 +287,14 @@ class GraphView(tails.LayerTails):
         result = []
         for c in found:
             if (c in exclude or c in self.gradient_ops or c in result
-                    or qp.is_state_update(c) or c in self.replaced):
+                    or qp.is_state_update(c)):
                 continue
             result.append(c)
         return result
 
     def readers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
-        """Consumers that compute with the value (not Shape & co)."""
+        """Consumers that compute with the value (not Shape & co, nor an op a
+        rewrite replaced: those still read their inputs, quantized as every
+        consumer, but compute nothing)."""
         return [c for c in self.consumers(t, exclude)
-                if c.type not in qp.METADATA_TYPES]
+                if c.type not in qp.METADATA_TYPES and c not in self.replaced]

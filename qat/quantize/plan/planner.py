@@ -60,6 +60,7 @@ from qat.quantize.plan import graph as plan_graph
 from qat.quantize.plan import kernel_requirements
 from qat.quantize.plan import op_table
 from qat.quantize.plan import patterns as qp
+from qat.quantize.plan import recurrences
 from qat.quantize.plan import replication as replication_lib
 from qat.quantize.plan import rules
 from qat.quantize.plan import shared_ranges
@@ -156,6 +157,8 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         # Ops visited before their inputs had ranges (`_revisit_deferred`).
         self._deferred: List[tf.Operation] = []
         self._same_scale_ops: Dict[tf.Operation, bool] = {}
+        # The steps of recurrent layers (`qat.quantize.plan.recurrences`).
+        self.steps = recurrences.Steps()
 
     # --- Helpers ------------------------------------------------------------
 
@@ -278,6 +281,7 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
                 self.tail_ops |= self.tails[layer]
         self._find_batch_statistics(ordered)
         self.plan_embeddings()
+        self.steps = recurrences.find(self)
         for op in ordered:
             self.visit(op)
         self._revisit_deferred()

@@ -57,16 +57,30 @@ class Steps:
       op_class: a matched op -> a representative of its cell op (the same for
         every step of one cell op).
       layers: the layer ops of recurrent layers.
+      initial_states: constants a step reads where the next step reads the
+        state a step wrote (a zero state of a static batch size is a Const):
+        they are quantized as the state is.
     """
     tensor_pairs: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
     op_class: Dict[tf.Operation, tf.Operation] = dataclasses.field(default_factory=dict)
     layers: Set[tf.Operation] = dataclasses.field(default_factory=set)
+    initial_states: Set[tf.Tensor] = dataclasses.field(default_factory=set)
 
 
 def weight_key(t: tf.Tensor) -> tf.Tensor:
     """The tensor a weight is a read of: back through reads, identities, casts."""
     for _ in range(_MAX_READ_DEPTH):
         if t.op.type not in _READ_TYPES or not t.op.inputs:
+            return t
+        t = t.op.inputs[0]
+    return t
+
+
+def constant_source(t: tf.Tensor) -> tf.Tensor:
+    """The constant a constant tensor is an Identity of (a TF1 loop reads its
+    initial state through one), or `t`."""
+    for _ in range(_MAX_READ_DEPTH):
+        if t.op.type != "Identity" or not t.op.inputs:
             return t
         t = t.op.inputs[0]
     return t
@@ -84,6 +98,7 @@ class _Matcher(object):
         self.view = view
         self.pairs: Dict[tf.Operation, tf.Operation] = {}  # step k op -> step k+1 op
         self.tensor_pairs: List[Tuple[tf.Tensor, tf.Tensor]] = []
+        self.initial_states: Set[tf.Tensor] = set()
         self._attr_memo: Dict[tf.Operation, Dict[str, bytes]] = {}
         self.numbers = tensors.ValueNumbers()
 
@@ -96,6 +111,10 @@ class _Matcher(object):
         if a.dtype != b.dtype:
             return False
         data_a, data_b = self.view.is_data(a), self.view.is_data(b)
+        if not data_a and data_b:
+            # A state's first value may be a constant (a zero state of a static
+            # batch size), where the next step reads the state written.
+            return tensors.is_float(a)
         if data_a or data_b:
             return data_a and data_b
         # Parameters: one value (reads of one variable, equal constants, a
@@ -121,7 +140,13 @@ class _Matcher(object):
             return False
         self.pairs[a] = b
         for x, y in zip(a.inputs, b.inputs):
-            if x is not y and self.view.is_data(x) and self.view.is_data(y):
+            if x is y:
+                continue
+            data_x, data_y = self.view.is_data(x), self.view.is_data(y)
+            if data_x and data_y:
+                self.tensor_pairs.append((x, y))
+            elif data_y and tensors.is_float(x):
+                self.initial_states.add(constant_source(x))
                 self.tensor_pairs.append((x, y))
         self.tensor_pairs.extend(zip(a.outputs, b.outputs))
         return True
@@ -230,4 +255,5 @@ def find(view, layers: Optional[List[tf.Operation]] = None) -> Steps:
             parent[second] = first
     steps.op_class = {op: root(op) for op in set(matcher.pairs) | set(matcher.pairs.values())}
     steps.tensor_pairs = matcher.tensor_pairs
+    steps.initial_states = matcher.initial_states
     return steps

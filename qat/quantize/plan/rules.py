@@ -23,6 +23,7 @@ from qat.quantize.plan import clamps
 from qat.quantize.plan import graph as plan_graph
 from qat.quantize.plan import op_table
 from qat.quantize.plan import patterns as qp
+from qat.quantize.plan import recurrences
 from qat.quantize.plan.graph import is_quantized_output
 
 _context = plan_graph.context
@@ -41,6 +42,8 @@ class RangeRules(object):
             value = self._filled_value(op)
             if value is not None:
                 return value  # TFLite's FILL writes its value operand's scale.
+            if not self.is_data(t) and self._constant_state(t) is not None:
+                return self._constant_state(t)
             if self.entries.get(op) is not None:
                 return self.entries[op]  # A lookup's output has its table's scale.
             if op in self.looked_through:
@@ -76,9 +79,21 @@ class RangeRules(object):
             return None
         return op.inputs[1]
 
+    def _constant_state(self, t: tf.Tensor):
+        """The recurrence's constant initial state `t` is (through Identity ops),
+        or None (`recurrences.Steps.initial_states`)."""
+        if not self.steps.initial_states:
+            return None
+        source = recurrences.constant_source(t)
+        return source if source in self.steps.initial_states else None
+
     def _is_filled(self, s: tf.Tensor) -> bool:
-        """Whether `s` is the value operand of a data-path `Fill` (`_source`)."""
-        return any(self._filled_value(c) is s for c in s.consumers())
+        """Whether `s` is a constant the model must quantize itself: the value
+        operand of a data-path `Fill` (`_source`), or a recurrence's constant
+        initial state (a zero state of a static batch size,
+        `recurrences.Steps.initial_states`)."""
+        return s in self.steps.initial_states or any(
+            self._filled_value(c) is s for c in s.consumers())
 
     def _is_ranged(self, t: tf.Tensor) -> bool:
         """True if `t` reaches TFLite with a scale (learnt, fixed or constant)."""
@@ -108,7 +123,7 @@ class RangeRules(object):
                         % s.dtype.name)
             return
         if self._is_filled(s):
-            fill = next(c for c in s.consumers() if self._filled_value(c) is s)
+            fill = next((c for c in s.consumers() if self._filled_value(c) is s), s.op)
             self._plan(s, plan_graph.own_context(fill), "fill_quant", -6.0, self.consumers(s))
             return
         self._plan(s, self._entry_context(s), "input_quant", -6.0,
@@ -200,7 +215,7 @@ class RangeRules(object):
 
     def visit_own_range(self, op: tf.Operation) -> None:
         values = op.inputs[1:] if op.type in op_table.CONDITION_TYPES else op.inputs
-        data = [i for i in values if self.is_data(i)]
+        data = [i for i in values if self.is_data(i) or self._constant_state(i) is not None]
         if not data or (op.type in op_table.REDUCTION_TYPES
                         and op.outputs[0].shape.rank == 0):
             return

@@ -115,7 +115,7 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
                    and op not in planner.looked_through))
               and planner._in_scope(op)):  # pylint: disable=protected-access
             plan_identity_rounding(planner, op)
-    share_concat_ranges(planner, ordered, recurrences.find(planner))
+    share_concat_ranges(planner, ordered, planner.steps)
     share_identical_outputs(planner, ordered)
 
 
@@ -311,7 +311,8 @@ def _takes_fixed_grid(planner, members: List[tf.Tensor]) -> bool:
 
 def _step_member(planner, t: tf.Tensor):
     """The planned range a recurrence's cell value `t` has, if it can be shared."""
-    if not planner.is_data(t) or not plan_graph.is_float(t):
+    if (not (planner.is_data(t) or planner._constant_state(t) is not None)  # pylint: disable=protected-access
+            or not plan_graph.is_float(t)):
         return None
     source = planner._source(t)  # pylint: disable=protected-access
     plan = planner.plans.get(source)
