@@ -231,7 +231,9 @@ def build(net: SeqNet, training: bool, seed: int = 0, export: bool = False,
                                                     name="dropout_rate")
                 x = tf.nn.dropout(x, rate=rate)
             for k, block in enumerate(net.blocks):
-                with tf1.variable_scope(f"block{k}"):
+                # Seeded: TF1 cells draw their weights without the graph's seed.
+                with tf1.variable_scope(f"block{k}", initializer=tf1.glorot_uniform_initializer(
+                        seed=seed * 10 + k)):
                     x = _recurrent(x, block)
             kernels += [v.op for v in tf1.global_variables() if "kernel" in v.op.name]
             with tf1.variable_scope("head"):

@@ -60,11 +60,27 @@ class Steps:
       initial_states: constants a step reads where the next step reads the
         state a step wrote (a zero state of a static batch size is a Const):
         they are quantized as the state is.
+      next_step: a matched op -> the same cell op at the next step.
     """
     tensor_pairs: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
     op_class: Dict[tf.Operation, tf.Operation] = dataclasses.field(default_factory=dict)
     layers: Set[tf.Operation] = dataclasses.field(default_factory=set)
     initial_states: Set[tf.Tensor] = dataclasses.field(default_factory=set)
+    next_step: Dict[tf.Operation, tf.Operation] = dataclasses.field(default_factory=dict)
+
+    def step_of(self) -> Dict[tf.Operation, int]:
+        """Each matched op's step, counted from 0 along `next_step`."""
+        earlier = {b: a for a, b in self.next_step.items()}
+        found: Dict[tf.Operation, int] = {}
+        for op in set(self.next_step) | set(earlier):
+            chain = []
+            while op not in found and op in earlier and len(chain) < 100000:
+                chain.append(op)
+                op = earlier[op]
+            base = found.setdefault(op, 0)
+            for k, later in enumerate(reversed(chain), 1):
+                found[later] = base + k
+        return found
 
 
 def weight_key(t: tf.Tensor) -> tf.Tensor:
@@ -256,4 +272,5 @@ def find(view, layers: Optional[List[tf.Operation]] = None) -> Steps:
     steps.op_class = {op: root(op) for op in set(matcher.pairs) | set(matcher.pairs.values())}
     steps.tensor_pairs = matcher.tensor_pairs
     steps.initial_states = matcher.initial_states
+    steps.next_step = dict(matcher.pairs)
     return steps
