@@ -136,5 +136,44 @@ class Tf2PathTest(RecurrentExportMixin, absltest.TestCase):
         self.assert_steps_within_one_step(report, steps_in_names="while")
 
 
+class SharedWeightTest(absltest.TestCase):
+    """Dense layers reading one weight (a recurrent layer's steps) keep its FakeQuant's scale.
+
+    TF's int8 converter quantizes such a weight per channel again and a bias
+    of equal values (a GRU's gate bias as initialized) with one channel's
+    scale, unless told to keep dense layers per tensor.
+    """
+
+    def _graph(self):
+        rng = np.random.RandomState(0)
+        weight = rng.uniform(-1, 1, (4, 4)).astype(np.float32)
+        weight[:, 3] *= 0.5  # A channel of a smaller range.
+        limit = float(np.abs(weight).max())
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [None, 4], name="input")
+            h = tf.quantization.fake_quant_with_min_max_args(x, 0.0, 1.0)
+            w = tf.quantization.fake_quant_with_min_max_args(tf.constant(weight), -limit, limit,
+                                                              narrow_range=True)
+            for _ in range(2):  # Two steps of one weight and one bias of equal values.
+                h = tf.quantization.fake_quant_with_min_max_args(
+                    tf.nn.bias_add(tf.matmul(h, w), tf.constant(np.ones(4, np.float32))), -4, 4)
+            tf.identity(h, name="output")
+        return graph
+
+    def test_both_converters_compute_the_eval_graph(self):
+        graph = self._graph()
+        x = np.random.RandomState(1).uniform(0, 1, (16, 4)).astype(np.float32)
+        with tf1.Session(graph=graph) as sess:
+            expected = sess.run("output:0", {"input:0": x})
+        graph_def = graph.as_graph_def()
+        session_model = export.convert_frozen_graph(graph_def, ["input"], ["output"], "int8")
+        function = tf1.wrap_function(
+            lambda t: tf.import_graph_def(graph_def, {"input:0": t}, ["output:0"])[0],
+            [tf.TensorSpec([None, 4], tf.float32)])
+        for model in (session_model, export.convert_function(function)):
+            np.testing.assert_allclose(export.run_tflite(model, x), expected, atol=1e-6)
+
+
 if __name__ == "__main__":
     absltest.main()
