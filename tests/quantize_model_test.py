@@ -8,7 +8,9 @@ reference is the same float model fine-tuned the same steps on the same
 batches without quantization (two trainings differ by about a point on this
 split from noise alone).
 """
+import importlib
 import os
+import sys
 import tempfile
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -21,6 +23,8 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import digits_util  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
+from qat.tf2 import keras_models  # pylint: disable=g-import-not-at-top
+from qat.tf2 import keras_registration  # pylint: disable=g-import-not-at-top
 from qat.tf2 import ranges  # pylint: disable=g-import-not-at-top
 import tf2_util  # pylint: disable=g-import-not-at-top
 
@@ -338,6 +342,31 @@ class KerasFilesTest(absltest.TestCase):
         for m in (qm, loaded):
             m.fit(self.x[64:128], self.y[64:128], **fit_args)
         tf2_util.assert_same_state(qm, loaded, self.x)
+
+    def test_the_class_is_registered_with_a_keras_imported_later(self):
+        k = tf2_util.keras()
+        self.assertIs(k.saving.get_registered_object("qat>QuantizedKerasModel"),
+                      keras_models.model_class("keras"))
+        # `import qat` may come first: its finder calls back once the package has run.
+        root = _tmpdir()
+        os.makedirs(os.path.join(root, "late_keras"))
+        with open(os.path.join(root, "late_keras", "__init__.py"), "w") as f:
+            f.write("READY = True\n")
+        calls = []
+        finder = keras_registration.AfterImport(
+            {"late_keras": lambda: calls.append(sys.modules["late_keras"].READY)})
+        sys.path.insert(0, root)
+        sys.meta_path.insert(0, finder)
+        try:
+            module = importlib.import_module("late_keras")
+        finally:
+            sys.path.remove(root)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
+            sys.modules.pop("late_keras", None)
+        self.assertEqual(calls, [True])
+        self.assertNotIn(finder, sys.meta_path)  # Done: it left.
+        self.assertNotIn("exec_module", vars(module.__loader__))  # The loader as it was.
 
     def test_models_keras_cannot_rebuild(self):
         k = tf2_util.keras()

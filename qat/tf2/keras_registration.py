@@ -10,10 +10,11 @@ TensorFlow's `tf.keras` is Keras 3, tf_keras under `TF_USE_LEGACY_KERAS=1`),
 and for the other puts a finder on `sys.meta_path` that registers it as soon
 as that Keras's package has finished importing.
 """
+import functools
 import importlib.abc
 import sys
 import threading
-from typing import Dict
+from typing import Callable, Dict
 
 from absl import logging
 
@@ -30,25 +31,29 @@ def register() -> None:
         if package in sys.modules:
             keras_models.model_class(flavour)
         else:
-            pending[package] = flavour
-    if pending and not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterAfterImport(pending))
+            pending[package] = functools.partial(keras_models.model_class, flavour)
+    if pending and not any(isinstance(f, AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, AfterImport(pending))
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Registers the class with a Keras right after its package is executed.
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Calls a function right after a package has been imported (executed).
 
     It finds the package's spec with the other finders and wraps only that
-    spec's loader's `exec_module`; the import itself is theirs.
+    spec's loader's `exec_module`, for that one execution; the import itself
+    is theirs. Once every package has been imported it leaves `sys.meta_path`.
+
+    Args:
+      pending: {package name: what to call once it is imported}.
     """
 
-    def __init__(self, pending: Dict[str, str]):
+    def __init__(self, pending: Dict[str, Callable[[], object]]):
         self._pending = dict(pending)
         self._finding = threading.local()
 
     def find_spec(self, fullname, path, target=None):
-        flavour = self._pending.get(fullname)
-        if flavour is None or getattr(self._finding, "active", False):
+        then = self._pending.get(fullname)
+        if then is None or getattr(self._finding, "active", False):
             return None
         self._finding.active = True
         try:
@@ -67,11 +72,14 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
         execute = loader.exec_module
 
         def exec_module(module):
+            if module.__name__ != fullname:  # Another module of a shared loader (a zip's).
+                execute(module)
+                return
             try:
                 execute(module)
             finally:
                 loader.__dict__.pop("exec_module", None)
-            self._registered(fullname, flavour)
+            self._imported(fullname, then)
 
         try:
             loader.exec_module = exec_module
@@ -81,12 +89,12 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
                             fullname, fullname)
         return spec
 
-    def _registered(self, package: str, flavour: str) -> None:
+    def _imported(self, package: str, then: Callable[[], object]) -> None:
         self._pending.pop(package, None)
         if not self._pending and self in sys.meta_path:
             sys.meta_path.remove(self)
         try:
-            keras_models.model_class(flavour)
+            then()
         except Exception as e:  # pylint: disable=broad-except
             # The user's import of Keras must not fail for qat's class.
             logging.warning("qat: registering the quantized model class with %s failed (%s); "
