@@ -60,6 +60,20 @@ class QuantizedModule(tf.Module):
         rewriter = self._qat.value
         return sorted(set(rewriter.left_float[True]) | set(rewriter.left_float[False]))
 
+    def save(self, filepath, *args, **kwargs):
+        """Refused: Keras's model files (`.keras`) hold Keras models only.
+
+        Raises:
+          TypeError: always, saying how this model is saved.
+        """
+        del args, kwargs
+        raise TypeError(
+            f"qat: cannot save {filepath!r}: the quantized model of a tf.Module or a function "
+            "is a tf.Module, not a Keras model, and Keras's model files hold Keras models "
+            "only. Save it with tf.train.Checkpoint(model=qm).save(path) (it restores into "
+            "qat.quantize_model of a freshly built model) or tf.saved_model.save(qm, path) "
+            "(serving_default is the eval rewrite).")
+
     def inference_function(self) -> tf.types.experimental.ConcreteFunction:
         """The eval rewrite as a concrete function, for TF 2's TFLite converter.
 
