@@ -12,6 +12,8 @@ import functools
 import numpy as np
 import tensorflow as tf
 
+from qat.tf2 import calls
+from qat.tf2 import precision as precision_lib
 from qat.tf2 import ranges
 from qat.tf2 import rewriter as rewriter_lib
 
@@ -35,13 +37,18 @@ def _methods(base):
         """
 
         def __init__(self, model, call, configs, name=None):
-            super().__init__(name=name or "quantized_" + model.name)
+            # The model's dtype policy (Keras's compile wraps a mixed_float16
+            # model's optimizer in a LossScaleOptimizer), without casting the
+            # inputs to its compute dtype: qat's functions take the signature's.
+            super().__init__(name=name or "quantized_" + model.name,
+                             dtype=model.dtype_policy, autocast=False)
             self.model = model
             # TensorFlow's checkpoints and SavedModels reach a variable
             # through attributes; Keras's weight lists are not such.
             self.qat_ranges = ranges.RangeHolder()
             store = ranges.RangeStore(self._make_variable, call.name)
-            self._qat = _Hidden(rewriter_lib.FunctionRewriter(call, configs, store))
+            precision = precision_lib.Precision(model, calls.keras_flavour(model))
+            self._qat = _Hidden(rewriter_lib.FunctionRewriter(call, configs, store, precision))
             self._qat.value.plan()
             self.built = True
 
@@ -49,7 +56,8 @@ def _methods(base):
             value = np.asarray(initial_value, dtype.as_numpy_dtype)
             weight = self.add_weight(
                 name=name.replace("/", "."), shape=tuple(shape), dtype=dtype.name,
-                initializer=functools.partial(_constant, value), trainable=False)
+                initializer=functools.partial(_constant, value), trainable=False,
+                autocast=False)  # Ranges stay float32 under a mixed policy.
             variable = _tf_variable(weight)
             self.qat_ranges.ordered.append(variable)
             return variable
