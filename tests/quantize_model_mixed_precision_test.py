@@ -97,6 +97,31 @@ class _PolicyTest(parameterized.TestCase):
         self.addCleanup(mixed_precision.set_global_policy, previous)
 
 
+class LayerDtypeTest(_PolicyTest):
+
+    def test_each_layer_trains_in_its_own_dtype(self):
+        """A float32 layer in a mixed model (Keras's advice for outputs) stays
+        float32; the layers' policies are theirs again after every trace."""
+        self._use_policy("mixed_bfloat16")
+        k = _keras()
+        inputs = k.Input((8, 8, 1))
+        h = k.layers.Conv2D(8, 3, padding="same", use_bias=False)(inputs)
+        h = k.layers.ReLU()(k.layers.BatchNormalization()(h))
+        h = k.layers.Conv2D(8, 3, padding="same", dtype="float32")(h)
+        outputs = k.layers.Dense(10, dtype="float32")(k.layers.Flatten()(h))
+        model = k.Model(inputs, outputs)
+        policies = [layer.dtype_policy.name for layer in model.layers]
+        qm = qat.quantize_model(model)
+        self.assertLen(qm.rewriter.low_precision_layers, 1)
+        training = qm.rewriter.functions[True].get_concrete_function().graph
+        layers = [op for op in training.get_operations()
+                      if op.type in ("Conv2D", "MatMul") and op.outputs[0].consumers()]
+        self.assertCountEqual([op.get_attr("T") for op in layers],
+                              [tf.bfloat16, tf.float32, tf.float32])
+        self.assertEqual(_low_precision_ops(qm.inference_function()), [])
+        self.assertEqual([layer.dtype_policy.name for layer in model.layers], policies)
+
+
 class SubclassedCNNTest(_PolicyTest):
     """The suite's Keras 3 subclassed CNN under both policies, custom loops."""
 

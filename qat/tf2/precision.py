@@ -49,11 +49,12 @@ class Precision(object):
 
     def __init__(self, model, flavour: str):
         self._flavour = flavour
-        self._low_layers = [layer for layer in model._flatten_layers(include_self=True)  # pylint: disable=protected-access
-                            if _compute_dtype(layer) in LOW_PRECISION]
-        # id of a variable handle -> the compute dtype of the layer owning it.
+        layers = list(model._flatten_layers(include_self=True))  # pylint: disable=protected-access
+        self._low_layers = [layer for layer in layers if _compute_dtype(layer) in LOW_PRECISION]
+        # id of a variable handle -> the compute dtype of the innermost layer
+        # owning it (a layer's weights include its sublayers'; outer first).
         self._dtype_by_handle: Dict[int, tf.DType] = {}
-        for layer in self._low_layers:
+        for layer in layers:
             dtype = _compute_dtype(layer)
             for weight in layer.weights:
                 for handle in _handles(weight):
@@ -97,7 +98,7 @@ class Precision(object):
           qat.engine.rewrite.RewriteError: the new ops fail TensorFlow's checks
             (the graph is unchanged).
         """
-        if not self._dtype_by_handle:
+        if not self._low_layers:
             return []
         captured = {id(internal.op): external for external, internal in graph.captures}
         rewrite = rewrite_lib.Rewrite(graph, marks.FOLD)
@@ -111,7 +112,7 @@ class Precision(object):
                 continue
             quantized = _fake_quant_input(weights)
             dtype = None if quantized is None else self._weights_dtype(quantized, captured)
-            if dtype is None:
+            if dtype not in LOW_PRECISION:
                 continue
             scope = op.name + "/" + dtype.name
             inputs = []
