@@ -101,11 +101,11 @@ class Precision(object):
         if not self._low_layers:
             return []
         captured = {id(internal.op): external for external, internal in graph.captures}
-        rewrite = rewrite_lib.Rewrite(graph, marks.FOLD)
+        rewrite = rewrite_lib.Rewrite(graph, marks.LOW_PRECISION)
         nodes = rewrite.nodes
         lowered = []
         for op in graph.get_operations():
-            if op.type not in _LAYER_TYPES or op.type == "Einsum" and len(op.inputs) != 2:
+            if op.type not in _LAYER_TYPES or (op.type == "Einsum" and len(op.inputs) != 2):
                 continue
             weights = layer_patterns.weight_input(op)
             if not marks.made_by_qat(weights.op, marks.QUANTIZER_OUTPUT):
