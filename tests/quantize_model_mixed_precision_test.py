@@ -120,6 +120,14 @@ class LayerDtypeTest(_PolicyTest):
                               [tf.bfloat16, tf.float32, tf.float32])
         self.assertEqual(_low_precision_ops(qm.inference_function()), [])
         self.assertEqual([layer.dtype_policy.name for layer in model.layers], policies)
+        # Float inputs of any dtype are cast to the signature's (float32), as
+        # Keras casts a float32 model's inputs; the output is float32.
+        x = np.random.RandomState(0).rand(4, 8, 8, 1)
+        expected = qm(x.astype(np.float32)).numpy()
+        self.assertEqual(expected.dtype, np.float32)
+        np.testing.assert_array_equal(qm(x).numpy(), expected)
+        np.testing.assert_array_equal(qm(tf.constant(x, tf.bfloat16)).numpy(),
+                                      qm(tf.cast(tf.constant(x, tf.bfloat16), tf.float32)).numpy())
 
 
 class SubclassedCNNTest(_PolicyTest):

@@ -39,7 +39,7 @@ def _methods(base):
         def __init__(self, model, call, configs, name=None):
             # The model's dtype policy (Keras's compile wraps a mixed_float16
             # model's optimizer in a LossScaleOptimizer), without casting the
-            # inputs to its compute dtype: qat's functions take the signature's.
+            # inputs to its compute dtype: `call` casts them to the signature's.
             super().__init__(name=name or "quantized_" + model.name,
                              dtype=model.dtype_policy, autocast=False)
             self.model = model
@@ -64,7 +64,8 @@ def _methods(base):
 
         def call(self, inputs, training=None):
             flat = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-            return self._qat.value(flat, bool(training))
+            rewriter = self._qat.value
+            return rewriter(_as_signature_dtypes(flat, rewriter.call.signature), bool(training))
 
         def _trackable_children(self, save_type="checkpoint", **kwargs):
             children = super()._trackable_children(save_type, **kwargs)
@@ -108,6 +109,21 @@ def _methods(base):
             return self._qat.value.inference_function()
 
     return QuantizedKerasModel
+
+
+def _as_signature_dtypes(inputs, signature):
+    """Float inputs cast to their signature's float dtype, as Keras casts a
+    model's inputs to its compute dtype (the quantized model's functions take
+    the signature's dtypes, whatever its policy's compute dtype)."""
+    cast = []
+    for k, x in enumerate(inputs):
+        wanted = signature[k].dtype if k < len(signature) else None
+        dtype = getattr(x, "dtype", None)
+        if (wanted is not None and wanted.is_floating and dtype is not None
+                and tf.as_dtype(dtype).is_floating and tf.as_dtype(dtype) != wanted):
+            x = tf.cast(x, wanted)
+        cast.append(x)
+    return cast
 
 
 def _tf_variable(weight) -> tf.Variable:
