@@ -26,6 +26,8 @@ EMBEDDING = "embedding"
 LAYER_CALL = "layer_call"
 # Training graphs: what a Rsqrt reads where its quantized input is 0.
 ZERO_GUARD = "zero_guard"
+# A quantized layer computing in float16 / bfloat16 and its casts (`qat.tf2.precision`).
+LOW_PRECISION = "low_precision"
 
 # Set on a user op whose consumers a rewrite moved onto qat's replacement
 # (tf_keras's fused layer norm, a grouped conv's function call): its value

@@ -19,6 +19,7 @@ import tensorflow as tf
 from qat.tf2 import calls
 from qat.tf2 import keras_files
 from qat.tf2 import options as options_lib
+from qat.tf2 import precision as precision_lib
 from qat.tf2 import ranges
 from qat.tf2 import replicas
 from qat.tf2 import rewriter as rewriter_lib
@@ -47,15 +48,20 @@ def _methods(base, saving):
 
         def __init__(self, model, call: calls.ModelCall,
                      options: options_lib.QuantizeOptions, name: Optional[str] = None):
-            super().__init__(name=name or "quantized_" + model.name)
+            # The model's dtype policy (Keras's compile wraps a mixed_float16
+            # model's optimizer in a LossScaleOptimizer), without casting the
+            # inputs to its compute dtype: `call` casts them to the signature's.
+            super().__init__(name=name or "quantized_" + model.name,
+                             dtype=model.dtype_policy, autocast=False)
             self.model = model
             self._qat_options = _Hidden(options)
             # TensorFlow's checkpoints and SavedModels reach a variable
             # through attributes; Keras's weight lists are not such.
             self.qat_ranges = ranges.RangeHolder()
             store = ranges.RangeStore(self._make_variable, call.name)
+            precision = precision_lib.Precision(model, calls.keras_flavour(model))
             self._qat = _Hidden(rewriter_lib.FunctionRewriter(
-                call, options.rewrite_configs(), store))
+                call, options.rewrite_configs(), store, precision))
             self._qat.value.plan()
             self.built = True
 
@@ -75,14 +81,16 @@ def _methods(base, saving):
             value = np.asarray(initial_value, dtype.as_numpy_dtype)
             weight = self.add_weight(
                 name=name.replace("/", "."), shape=tuple(shape), dtype=dtype.name,
-                initializer=functools.partial(_constant, value), trainable=False)
+                initializer=functools.partial(_constant, value), trainable=False,
+                autocast=False)  # Ranges stay float32 under a mixed policy.
             variable = _tf_variable(weight)
             self.qat_ranges.ordered.append(variable)
             return variable
 
         def call(self, inputs, training=None):
             flat = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-            return self._qat.value(flat, bool(training))
+            rewriter = self._qat.value
+            return rewriter(_as_signature_dtypes(flat, rewriter.call.signature), bool(training))
 
         def _trackable_children(self, save_type="checkpoint", **kwargs):
             children = super()._trackable_children(save_type, **kwargs)
@@ -158,6 +166,21 @@ def _build(model, call: calls.ModelCall) -> None:
         raise type(e)(
             f"qat.quantize_model({call.name}): calling the model on input_signature "
             f"{call.signature} failed: {e}") from e
+
+
+def _as_signature_dtypes(inputs, signature):
+    """Float inputs cast to their signature's float dtype, as Keras casts a
+    model's inputs to its compute dtype (the quantized model's functions take
+    the signature's dtypes, whatever its policy's compute dtype)."""
+    cast = []
+    for k, x in enumerate(inputs):
+        wanted = signature[k].dtype if k < len(signature) else None
+        dtype = getattr(x, "dtype", None)
+        if (wanted is not None and wanted.is_floating and dtype is not None
+                and tf.as_dtype(dtype).is_floating and tf.as_dtype(dtype) != wanted):
+            x = tf.cast(x, wanted)
+        cast.append(x)
+    return cast
 
 
 def _tf_variable(weight) -> tf.Variable:

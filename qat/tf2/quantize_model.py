@@ -83,6 +83,12 @@ def quantize_model(model,
       `qm.inference_function()` is the eval rewrite as a concrete function
       for `tf.lite.TFLiteConverter.from_concrete_functions`.
 
+      A Keras model under a `mixed_float16` / `mixed_bfloat16` policy is
+      traced computing in float32 (the eval function and the export are
+      its float32 twin's), and in training its quantized layers compute in
+      their layers' dtype (`qat.tf2.precision`); `qm` keeps the model's
+      policy, so `compile` adds Keras's loss scaling.
+
       Under a `tf.distribute.MirroredStrategy` (call `quantize_model` inside
       `strategy.scope()`, or on a model built there), the ranges are
       mirrored and `qm(x, training=True)` in `strategy.run` keeps one range

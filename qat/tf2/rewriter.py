@@ -11,9 +11,12 @@ every planner rule included — on the graph while it is still being traced
 The training function folds batch norms with batch statistics and learns
 ranges; the eval function folds with the moving statistics and reads them.
 Both read the same variables (`qat.tf2.ranges.RangeStore`), made by the
-first trace of the training function (`plan`).
+first trace of the training function (`plan`). A Keras model under a mixed
+precision policy is traced computing in float32, and the training function's
+quantized layers then compute in their layers' dtype (`qat.tf2.precision`).
 """
-from typing import Dict, List, Sequence
+import contextlib
+from typing import Dict, List, Optional, Sequence
 
 from absl import logging
 import tensorflow as tf
@@ -23,6 +26,7 @@ from qat.engine import config as config_lib
 from qat.engine import function_graphs
 from qat.matching import layer_patterns
 from qat.tf2 import calls
+from qat.tf2 import precision as precision_lib
 from qat.tf2 import ranges
 from qat.tf2 import replicas
 
@@ -34,12 +38,16 @@ class FunctionRewriter(object):
       call: the model and how to call it.
       configs: {training: the validated RewriteConfig of that mode}.
       store: where the ranges live.
+      precision: a Keras model's layer dtypes; None for a model without
+        Keras layers (traced as it computes).
     """
 
     def __init__(self, call: calls.ModelCall,
                  configs: Dict[bool, config_lib.RewriteConfig],
-                 store: ranges.RangeStore):
+                 store: ranges.RangeStore,
+                 precision: Optional[precision_lib.Precision] = None):
         self.call = call
+        self.precision = precision if precision is not None and precision.is_mixed else None
         # Keras models name their ops after themselves; a tf.Module or a
         # function is scoped by its name, so its ranges are `<name>/...`.
         self.scope = "" if call.inputs_as_one else _identifier(call.name) + "/"
@@ -53,13 +61,18 @@ class FunctionRewriter(object):
         # Per mode, of its latest trace: what was left float, and why.
         self.left_float: Dict[bool, List[str]] = {True: [], False: []}
         self.quantizer_names: Dict[bool, List[str]] = {True: [], False: []}
+        # Of the latest training trace: the layer ops computing in float16 /
+        # bfloat16 (`qat.tf2.precision`), by the names of the float32 ops.
+        self.low_precision_layers: List[str] = []
         self.model_variables: List[tf.Variable] = []
         self._planned_layers = set()
         self._error = None
 
     def _traced(self, training: bool):
         def quantized_model(*inputs):
-            with tf.name_scope(self.scope):
+            float32 = (self.precision.float32_trace() if self.precision is not None
+                       else contextlib.nullcontext())
+            with tf.name_scope(self.scope), float32:
                 outputs = self.call(list(inputs), training)
             return self._rewrite(outputs, training)
         quantized_model.__name__ = "%s_%s" % (_identifier(self.call.name),
@@ -82,6 +95,8 @@ class FunctionRewriter(object):
                 raise
             if self.store.planning:
                 self._planned_layers = {op.name for op in layer_patterns.layer_ops(graph)}
+            if training and self.precision is not None:
+                self.low_precision_layers = self.precision.lower_layers(graph)
         self.quantizer_names[training] = result.quantize.names
         self.left_float[training] = (
             [f"{s.name}: batch norm not folded: {s.reason}" for s in result.fold.skipped]
