@@ -35,9 +35,8 @@ def warn(counts: Dict[str, int], tensors: Optional[Dict[str, str]] = None) -> No
         tensor = (tensors or {}).get(name)
         logging.warning(
             "qat: the range %s%s skipped %d training batch%s whose min or max was NaN or "
-            "infinite: it kept its last finite value. A NaN or infinite value reached %s (a bad "
-            "input example, or an overflow upstream): the loss of that batch was not finite, "
-            "and its gradients likely neither.", name,
+            "infinite, and kept its last finite value. Look for NaN or infinite values in the "
+            "data fed at those steps, or for an overflow before %s.", name,
             f" (of {tensor})" if tensor else "", count, "" if count == 1 else "es",
             tensor or "that tensor")
 
@@ -72,4 +71,44 @@ def counts_in_graph(graph: tf.Graph, sess: Optional[tf.compat.v1.Session] = None
             counter = finite_ranges.counter_name(name)
             if counter in known:
                 counts[name] = int(reader.get_tensor(counter))
+    return counts
+
+
+def read_skipped_batches(sess: Optional[tf.compat.v1.Session] = None,
+                         checkpoint: Optional[str] = None) -> Dict[str, int]:
+    """Each range's count of training batches it skipped (their min or max was
+    NaN or infinite); warns once per range and process for a count above 0.
+
+    A graph-path training loop can call it with its session every so often;
+    the coverage report and a quantized TF 2 model's `skipped_batches()` do the
+    same for their ranges.
+
+    Args:
+      sess: a session on a rewritten training graph (its counters, the
+        collection `qat_skipped_batches`).
+      checkpoint: a checkpoint prefix of such a graph, read when there is no
+        session.
+
+    Returns:
+      {range name (`<prefix>` of `<prefix>/min`): skipped batches}; empty when
+      neither holds counters (an eval graph's session).
+
+    Raises:
+      ValueError: neither `sess` nor `checkpoint` is given.
+    """
+    if sess is not None:
+        tensors = {}
+        for op in structure.fake_quant_ops(sess.graph):
+            q = structure.quantizer_op(op)
+            if q.min_variable and q.min_variable.rsplit("/", 1)[0] == q.name:
+                tensors[q.name] = op.inputs[0].name  # The range's own quantizer.
+        counts = counts_in_graph(sess.graph, sess=sess)
+    elif checkpoint is not None:
+        reader = tf.train.load_checkpoint(checkpoint)
+        known = reader.get_variable_to_shape_map()
+        ranges = [name[:-len("/min")] for name in known if name.endswith("/min")]
+        counts, tensors = counts_in_graph(None, reader=reader, ranges=ranges), {}
+    else:
+        raise ValueError("read_skipped_batches needs a session or a checkpoint.")
+    warn(counts, tensors)
     return counts
