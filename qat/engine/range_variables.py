@@ -228,17 +228,19 @@ class VariableEmitter(object):
         return self._update(scope, "Assign", variable, value, device, attrs, control)
 
     def assign_sub(self, scope: str, variable: str, delta: str, device: str = "",
-                   **attrs) -> str:
+                   control: Sequence[str] = (), **attrs) -> str:
         """`variable -= delta`; returns the node of the updated value."""
-        return self._update(scope, "AssignSub", variable, delta, device, attrs)
+        return self._update(scope, "AssignSub", variable, delta, device, attrs, control)
 
     def assign_add(self, scope: str, variable: str, delta: str, device: str = "",
-                   **attrs) -> str:
-        """`variable += delta`; returns the node of the updated value."""
-        return self._update(scope, "AssignAdd", variable, delta, device, attrs)
+                   return_read: bool = True, **attrs) -> str:
+        """`variable += delta`; returns the node of the updated value, or
+        without `return_read` the update op (for control dependencies)."""
+        return self._update(scope, "AssignAdd", variable, delta, device, attrs,
+                            return_read=return_read)
 
     def _update(self, scope: str, op: str, variable: str, value: str, device: str,
-                attrs: dict, control: Sequence[str] = ()) -> str:
+                attrs: dict, control: Sequence[str] = (), return_read: bool = True) -> str:
         dtype = self._dtypes[variable]
         node = self._nodes.node
         if self.is_resource:
@@ -251,6 +253,8 @@ class VariableEmitter(object):
                 node(self._nodes.unique_name("%s_mirror_%d" % (name, k)), op + "VariableOp",
                      [handle, value], device="", dtype=dtype, **attrs)
                 for k, handle in enumerate(self._mirrors.get(variable, ()), 1)]
+            if not return_read:
+                return update
             read = scope + ("/ReadVariableOp" if op == "Assign" else "/ReadVariableOp_1")
             return self._read(read, variable, device, updates, attrs)
         control = [self.before_update(variable, device, **attrs)] + list(control)
@@ -258,6 +262,8 @@ class VariableEmitter(object):
         name = scope if op == "Assign" else scope + "/" + op
         update = node(name, op, [variable, value], device=device, control=control,
                       T=dtype, use_locking=False, **extra, **attrs)
+        if not return_read:
+            return update
         # Read after the update, from the variable itself (as the resource
         # read is), so readers of the value find the variable behind it.
         return self._read(name + "/read", variable, device, [update], attrs)

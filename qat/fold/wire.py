@@ -83,8 +83,11 @@ def _update_value(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
     name = nodes.unique_name(scope + "finite_fold")
     finite = nodes.node(name + "/IsFinite", "IsFinite", [value], device=op.device, T=dtype)
     if update.is_delta:
-        zero = nodes.const(name + "/zero", 0, dtype, device=op.device)
-        new = nodes.node(name, "SelectV2", [finite, value, zero], device=op.device, T=dtype)
+        key = ("finite_fold_zero", dtype)
+        if key not in rewrite.memo:
+            rewrite.memo[key] = nodes.const(nodes.unique_name("fold_batch_norms/zero"), 0, dtype)
+        new = nodes.node(name, "SelectV2", [finite, value, rewrite.memo[key]], device=op.device,
+                         T=dtype)
         if freeze is not None:
             new = nodes.node(nodes.unique_name(scope + "freeze_fold"), "Mul",
                              [new, freeze.keep(dtype)], device=op.device, T=dtype)

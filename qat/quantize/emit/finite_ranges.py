@@ -18,8 +18,9 @@ FakeQuant of that step reads them, and the range's counter
 `<prefix>/skipped_batches` (int64, training graphs only: eval graphs read no
 counter, so a strict restore of any training checkpoint into them works) adds
 one. The moving average's bias correction counts only the batches the range
-learned from (`learned_steps`), so the first finite batch after skipped ones
-still sets a new range with its full weight.
+learned from (the step less the skipped batches,
+`RangeUpdates._ema_rate`), so the first finite batch after skipped ones still
+sets a new range with its full weight.
 """
 import tensorflow as tf
 
@@ -40,22 +41,25 @@ def counter_name(range_name: str) -> str:
 class FiniteRanges(object):
     """Mixin of `qat.quantize.emit.range_updates.RangeUpdates` (uses `QuantizerBatch`'s helpers)."""
 
-    def _finite_batch(self, p: str, batch_min, batch_max: str, per_channel: bool) -> str:
-        """Whether the batch range is finite (its width is, so both ends are)."""
-        width = batch_max if batch_min is None else self._node(
-            p + "/BatchWidth", "Sub", [batch_max, batch_min], T=_FLOAT)
-        finite = self._node(p + "/BatchFinite", "IsFinite", [width], T=_FLOAT)
+    def _batch_width(self, p: str, batch_min, batch_max: str) -> str:
+        """The batch range's width: finite exactly when both ends are."""
+        if batch_min is None:  # Nonnegative: the min is 0.
+            return batch_max
+        return self._node(p + "/BatchWidth", "Sub", [batch_max, batch_min], T=_FLOAT)
+
+    def _finite(self, p: str, width: str, per_channel: bool, lo=None, hi=None) -> str:
+        """Whether the batch range of `width` is finite (every channel), and
+        with `lo`, `hi` the range [lo, hi] computed from it too (widths are
+        nonnegative or NaN, so their sum is finite exactly when both are)."""
+        if lo is not None:
+            width = self._node(p + "/Widths", "AddV2", [
+                width, self._node(p + "/RangeWidth", "Sub", [hi, lo], T=_FLOAT)], T=_FLOAT)
+        finite = self._node(p + "/Finite", "IsFinite", [width], T=_FLOAT)
         if per_channel:
-            finite = self._node(p + "/BatchFinite/All", "All",
+            finite = self._node(p + "/Finite/All", "All",
                                 [finite, self._shared_const("reduction_indices", [0], tf.int32)],
                                 Tidx=_INT32, keep_dims=False)
         return finite
-
-    def _finite_result(self, p: str, finite: str, lo: str, hi: str) -> str:
-        """`finite` and the range [lo, hi] (per tensor) is finite."""
-        width = self._node(p + "/RangeWidth", "Sub", [hi, lo], T=_FLOAT)
-        result = self._node(p + "/RangeFinite", "IsFinite", [width], T=_FLOAT)
-        return self._node(p + "/Finite", "LogicalAnd", [finite, result])
 
     def _skipped_counter(self, p: str) -> str:
         """The range's int64 counter of skipped batches (a new variable)."""
@@ -64,28 +68,32 @@ class FiniteRanges(object):
                                SKIPPED_BATCHES_COLLECTION],
                               dtype=_INT64, statistic=True)
 
-    def _learned_steps(self, p: str, step: str, counter: str) -> str:
-        """The batches this range learned from: the float step less its skips."""
-        skipped = self._node(p + "/skipped_steps", "Cast",
-                             [self._variables_emitter.before_update(counter, self._variable_device)],
-                             SrcT=_INT64, DstT=_FLOAT, Truncate=False)
-        return self._node(p + "/learned_steps", "Sub", [step, skipped], T=_FLOAT)
-
     def _assign_finite(self, p: str, scopes, variables, values, finite: str,
-                       counter: str):
+                       counter: str, deltas: bool = False):
         """Assigns `values` to `variables` where `finite`, else keeps them and
-        counts the batch; returns the (min, max) nodes after the update."""
+        counts the batch; returns the (min, max) nodes after the update.
+
+        `deltas`: `values` are moving-average deltas, subtracted where
+        `finite` (0 otherwise).
+        """
         skip = self._node(p + "/Skipped", "SelectV2",
                           [finite, self._shared_const("zero_count", 0, tf.int64),
                            self._shared_const("one_count", 1, tf.int64)], T=_INT64)
-        counted = self._variables_emitter.assign_add(p + "/CountSkipped", counter, skip,
-                                                     device=self._variable_device)
-        out = []
+        counted = self._variables_emitter.assign_add(
+            p + "/CountSkipped", counter, skip, device=self._variable_device, return_read=False)
+        emitter, out = self._variables_emitter, []
         for scope, var, value in zip(scopes, variables, values):
-            old = self._variables_emitter.before_update(var, self._variable_device)
-            kept = self._node(scope + "/finite", "SelectV2", [finite, value, old], T=_FLOAT)
             # The counter's update runs with the range's.
-            out.append(self._variables_emitter.assign(
-                scope, var, kept, device=self._variable_device,
-                control=[counted] if not out else []))
+            control = [] if out else [counted]
+            if deltas:
+                kept = self._node(scope + "/finite", "SelectV2",
+                                  [finite, value, self._shared_const("zero", 0.0, tf.float32)],
+                                  T=_FLOAT)
+                out.append(emitter.assign_sub(scope, var, kept, device=self._variable_device,
+                                              control=control))
+            else:
+                old = emitter.before_update(var, self._variable_device)
+                kept = self._node(scope + "/finite", "SelectV2", [finite, value, old], T=_FLOAT)
+                out.append(emitter.assign(scope, var, kept, device=self._variable_device,
+                                          control=control))
         return tuple(out)

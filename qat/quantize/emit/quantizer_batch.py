@@ -335,7 +335,9 @@ class QuantizerBatch(range_updates.RangeUpdates):
         return self._variables[index][0].rsplit("/", 1)[0]
 
     def finish(self) -> None:
-        """Adds what the quantizers share (the nudged ranges of training ones)."""
+        """Adds what the quantizers share (the moving averages' rates, the
+        nudged ranges of training ones)."""
+        self._emit_rates()
         if self._training_fake_quants:
             fake_quant_gradient.add_nudged_ranges(
                 self._rewrite, self._training_fake_quants,

@@ -71,7 +71,7 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
                 batch_min = spec.all_reduce.emit(self._nodes, p + "/all_reduce_min", batch_min, "Min")
             batch_max = spec.all_reduce.emit(self._nodes, p + "/all_reduce_max", batch_max, "Max")
         # After the all-reduce, so every replica keeps or updates alike.
-        finite = self._finite_batch(p, batch_min, batch_max, spec.per_channel)
+        width = self._batch_width(p, batch_min, batch_max)
         nonnegative = batch_min is None
         if nonnegative:
             # min(batch) >= 0, so min(batch_min, 0) = 0 and max(batch_max, 0)
@@ -94,12 +94,18 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
             rate = self._ema_rate(float(spec.ema_decay), step if spec.init_from_first_batch
                                   else None, p, counter)
             if spec.floors and not spec.per_channel:
+                # Floors widen the average: finite only if they are too.
                 lo, hi = self._floored_average(spec, p, min_var, max_var, lo, hi, rate)
-                finite = self._finite_result(p, finite, lo, hi)
-            else:
-                lo = self._average(scopes[0], min_var, lo, rate)
-                hi = self._average(scopes[1], max_var, hi, rate)
-        return self._assign_finite(p, scopes, (min_var, max_var), (lo, hi), finite, counter)
+                finite = self._finite(p, width, False, lo, hi)
+                return self._assign_finite(p, scopes, (min_var, max_var), (lo, hi), finite,
+                                           counter)
+            deltas = [self._ema_delta(scope, var, value, rate)[1] for scope, var, value
+                      in zip(scopes, (min_var, max_var), (lo, hi))]
+            return self._assign_finite(p, scopes, (min_var, max_var), deltas,
+                                       self._finite(p, width, spec.per_channel), counter,
+                                       deltas=True)
+        return self._assign_finite(p, scopes, (min_var, max_var), (lo, hi),
+                                   self._finite(p, width, spec.per_channel), counter)
 
     def _widen_empty(self, p, lo, hi):
         """(lo, hi), (lo, lo + `EMPTY_RANGE_WIDTH`) where hi <= lo, and at
@@ -155,36 +161,50 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
         own. It is 1 at t = 1 (the first batch's range), about 1/t while
         t << 1 / (1 - decay) (the mean of the batches so far, which follows a
         fast-changing range early in training), and 1 - decay later. Decay 1
-        gives the limit 1/t (the mean of every batch).
+        gives the limit 1/t (the mean of every batch). The rates of all the
+        batch's ranges of one decay are computed together, as one vector
+        (`_emit_rates`, at `finish`): a few ops per batch, not per range.
         """
         if step is None:
             return self._shared_const("ema_rate", 1.0 - decay, tf.float32)
-        key = ("float_step",)
+        key = ("rates", decay)
         if key not in self._shared:
-            scope = "%s/ema_rate_%d" % (self._shared_scope_name(), len(self._shared))
+            self._shared[key] = (self._nodes.unique_name(
+                "%s/ema_rates" % self._shared_scope_name()), step, [])
+        name, _, skipped = self._shared[key]
+        skipped.append(self._variables_emitter.before_update(counter, self._variable_device))
+        return "%s/rates:%d" % (name, len(skipped) - 1)
+
+    def _emit_rates(self) -> None:
+        """The rates `_ema_rate` handed out, one vector op chain per decay."""
+        for key, value in list(self._shared.items()):
+            if key[0] != "rates" or not value[2]:
+                continue
+            decay, (scope, step, skipped) = key[1], value
+            node = self._nodes.node
             step_ref = step if isinstance(step, str) else self._external(step)
-            self._shared[key] = self._nodes.node(scope + "/step", "Cast", [step_ref], SrcT=_INT64,
-                                                 DstT=_FLOAT, Truncate=False)
-        # t is at least 1: never divide 0 by 0 if a run reads the counter
-        # before its increment.
-        t = self._node(p + "/ema_rate/steps_at_least_one", "Maximum",
-                       [self._learned_steps(p, self._shared[key], counter),
-                        self._shared_const("one_step_f", 1.0, tf.float32)], T=_FLOAT)
-        if decay == 1.0:
-            return self._node(p + "/ema_rate/rate", "Reciprocal", [t], T=_FLOAT)
-        # 1 - decay and 1 - decay^1 are the same float32 subtraction: the rate
-        # of the first step is exactly 1.
-        d = self._shared_const("ema_decay", decay, tf.float32)
-        one = self._shared_const("one", 1.0, tf.float32)
-        num_key = ("one_minus_decay", decay)
-        if num_key not in self._shared:
-            self._shared[num_key] = self._nodes.node(
-                "%s/one_minus_decay_%d" % (self._shared_scope_name(), len(self._shared)),
-                "Sub", [one, d], T=_FLOAT)
-        power = self._node(p + "/ema_rate/decay_pow_steps", "Pow", [d, t], T=_FLOAT)
-        den = self._node(p + "/ema_rate/one_minus_decay_pow", "Sub", [one, power], T=_FLOAT)
-        return self._node(p + "/ema_rate/rate", "RealDiv", [self._shared[num_key], den],
-                          T=_FLOAT)
+            count = node(scope + "/step", "Cast", [step_ref], SrcT=_INT64, DstT=_FLOAT,
+                         Truncate=False)
+            packed = node(scope + "/skipped", "Pack", skipped, T=_INT64, N=len(skipped), axis=0)
+            learned = node(scope + "/learned_steps", "Sub",
+                           [count, node(scope + "/skipped_f", "Cast", [packed], SrcT=_INT64,
+                                        DstT=_FLOAT, Truncate=False)], T=_FLOAT)
+            # t is at least 1: never divide 0 by 0 if a run reads the counter
+            # before its increment.
+            t = node(scope + "/steps_at_least_one", "Maximum",
+                     [learned, self._shared_const("one_step_f", 1.0, tf.float32)], T=_FLOAT)
+            if decay == 1.0:
+                rate = node(scope + "/rate", "Reciprocal", [t], T=_FLOAT)
+            else:
+                # 1 - decay and 1 - decay^1 are the same float32 subtraction:
+                # the rate of a range's first batch is exactly 1.
+                d = self._shared_const("ema_decay", decay, tf.float32)
+                one = self._shared_const("one", 1.0, tf.float32)
+                num = node(scope + "/one_minus_decay", "Sub", [one, d], T=_FLOAT)
+                power = node(scope + "/decay_pow_steps", "Pow", [d, t], T=_FLOAT)
+                den = node(scope + "/one_minus_decay_pow", "Sub", [one, power], T=_FLOAT)
+                rate = node(scope + "/rate", "RealDiv", [num, den], T=_FLOAT)
+            node(scope + "/rates", "Unpack", [rate], T=_FLOAT, num=len(skipped), axis=0)
 
     def _symmetric(self, p, lo, hi, num_bits, narrow_range):
         """max = -min * (2^b - 2) / 2^b (-min if narrow), widening one side."""
@@ -201,7 +221,7 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
         return new_lo, new_hi
 
     def _average(self, scope, var, value, rate):
-        """The moving average's new value (assigned by `_assign_finite`)."""
+        """The moving average's new value."""
         read, delta = self._ema_delta(scope, var, value, rate)
         return self._node(scope + "/average", "Sub", [read, delta], T=_FLOAT)
 
