@@ -107,6 +107,14 @@ class QuantizerTest(parameterized.TestCase, tf.test.TestCase):
         self.assertAllClose(runs[3][:2], (-1.0 - rate * (-1.0 + 3.0), 2.0 - rate * (2.0 - 4.0)),
                             rtol=1e-5)  # The rate in float32.
 
+    @parameterized.parameters(True, False)
+    def test_a_range_too_wide_for_float32(self, moving_average):
+        # Finite values whose range's width overflows: skipped as well.
+        runs = self._run([[-1.0, 0.5, 2.0, 1.0], [-3e38, 0.0, 3e38, 1.0]],
+                         moving_average=moving_average)
+        self.assertEqual([r[2] for r in runs], [0, 1])
+        self.assertEqual(runs[1][:2], runs[0][:2])
+
     @parameterized.parameters(_NAN, _INF)
     def test_last_value_per_channel(self, bad):
         # A weight of one channel not finite (training diverged): the whole

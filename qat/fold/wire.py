@@ -6,14 +6,15 @@ batch norm's consumers the folded output) and, for training folds with a
 freeze delay, the shared `frozen` condition (`Freeze`), the moving-average
 updates switched off once frozen and, with `use_cond`, the functional cond
 that runs one branch (`_cond_output`). A training fold's updates also keep
-non-finite values out of the moving statistics (`_update_value`). The structures are
-described in `qat.fold.fold_batch_norms`. Importing this module registers the
+non-finite values out of the moving statistics (`_update_value`). The
+structures are described in `qat.fold.fold_batch_norms`. Importing this module registers the
 select_fold gradient ("QatFoldSelect").
 """
 from typing import Optional
 
 import tensorflow as tf
 
+from qat.engine import function_graphs
 from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
 from qat.fold import emit as emit_lib
@@ -76,11 +77,16 @@ def _update_value(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
     assigns the current value.
     """
     op, nodes = update.op, rewrite.nodes
-    value = nodes.external(op.inputs[1])
     dtype = op.inputs[1].dtype.base_dtype
     scope = op.name.rpartition("/")[0]
     scope = scope + "/" if scope else ""
     name = nodes.unique_name(scope + "finite_fold")
+    current = None
+    if not update.is_delta:
+        current = _current_value(update, bn, rewrite, name, dtype, new_read=freeze is not None)
+        if current is None:
+            return  # No read of the statistic to keep (see _current_value).
+    value = nodes.external(op.inputs[1])
     finite = nodes.node(name + "/IsFinite", "IsFinite", [value], device=op.device, T=dtype)
     if update.is_delta:
         key = ("finite_fold_zero", dtype)
@@ -92,7 +98,6 @@ def _update_value(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
             new = nodes.node(nodes.unique_name(scope + "freeze_fold"), "Mul",
                              [new, freeze.keep(dtype)], device=op.device, T=dtype)
     else:
-        current = _current_value(update, bn, rewrite, name, dtype)
         new = nodes.node(name, "SelectV2", [finite, value, current], device=op.device, T=dtype)
         if freeze is not None:
             new = nodes.node(nodes.unique_name(scope + "freeze_fold"), "SelectV2",
@@ -101,14 +106,24 @@ def _update_value(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
 
 
 def _current_value(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
-                   rewrite: rewrite_lib.Rewrite, name: str, dtype: tf.DType) -> str:
-    """The updated moving statistic's value before the update."""
+                   rewrite: rewrite_lib.Rewrite, name: str, dtype: tf.DType,
+                   new_read: bool) -> Optional[str]:
+    """The updated moving statistic's value before the update.
+
+    The batch norm's own read of it, else a new read. In a function graph a
+    new read made after the update would be ordered after it by TensorFlow's
+    automatic control dependencies, a cycle through the update's value: there
+    a new read is made only when `new_read` (a freeze delay, which needs it),
+    otherwise None.
+    """
     op, nodes = update.op, rewrite.nodes
     is_mean = (bn.mean_variable is not None
                and bn_lib.same_tensor(update.variable, bn.mean_variable))
     current = bn.moving_mean if is_mean else bn.moving_variance
     if current is not None:
         return nodes.external(current)
+    if function_graphs.is_function_graph(rewrite.graph) and not new_read:
+        return None
     if update.variable.dtype == tf.resource:
         return nodes.node(name + "/ReadVariableOp", "ReadVariableOp",
                           [nodes.external(update.variable)], device=op.device, dtype=dtype)

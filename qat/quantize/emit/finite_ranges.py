@@ -8,8 +8,9 @@ update is assigned only where it is finite:
 
 * the batch's min and max, after the replicas' all-reduce (every replica
   decides alike), must be finite, every channel of a per-channel range;
-* a range widened by kernel floors (`qat.quantize.emit.range_floors`) must
-  be finite after the floors too (a floor computed from a non-finite value
+* the range the update computes from it must be finite too: the moving
+  average, the last value, a range widened by kernel floors
+  (`qat.quantize.emit.range_floors`: a floor computed from a non-finite value
   does not widen a range to inf or NaN).
 
 Otherwise the range's min and max keep their value (`SelectV2`: arithmetic
@@ -47,13 +48,17 @@ class FiniteRanges(object):
             return batch_max
         return self._node(p + "/BatchWidth", "Sub", [batch_max, batch_min], T=_FLOAT)
 
-    def _finite(self, p: str, width: str, per_channel: bool, lo=None, hi=None) -> str:
-        """Whether the batch range of `width` is finite (every channel), and
-        with `lo`, `hi` the range [lo, hi] computed from it too (widths are
-        nonnegative or NaN, so their sum is finite exactly when both are)."""
-        if lo is not None:
-            width = self._node(p + "/Widths", "AddV2", [
-                width, self._node(p + "/RangeWidth", "Sub", [hi, lo], T=_FLOAT)], T=_FLOAT)
+    def _finite(self, p: str, width: str, per_channel: bool, lo: str, hi: str) -> str:
+        """Whether the batch range of `width` and the range [lo, hi] the update
+        computed from it are finite (every channel).
+
+        Checked before the ops that may drop a NaN (an empty range's widening
+        takes NaN for empty) and after the floors: one check of the sum (a
+        NaN or an infinity in either makes it one; finite widths whose sum
+        overflows, a range too wide to quantize anything, are skipped too).
+        """
+        width = self._node(p + "/Widths", "AddV2", [
+            width, self._node(p + "/RangeWidth", "Sub", [hi, lo], T=_FLOAT)], T=_FLOAT)
         finite = self._node(p + "/Finite", "IsFinite", [width], T=_FLOAT)
         if per_channel:
             finite = self._node(p + "/Finite/All", "All",

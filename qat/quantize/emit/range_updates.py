@@ -96,16 +96,15 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
             if spec.floors and not spec.per_channel:
                 # Floors widen the average: finite only if they are too.
                 lo, hi = self._floored_average(spec, p, min_var, max_var, lo, hi, rate)
-                finite = self._finite(p, width, False, lo, hi)
-                return self._assign_finite(p, scopes, (min_var, max_var), (lo, hi), finite,
-                                           counter)
-            deltas = [self._ema_delta(scope, var, value, rate)[1] for scope, var, value
-                      in zip(scopes, (min_var, max_var), (lo, hi))]
-            return self._assign_finite(p, scopes, (min_var, max_var), deltas,
-                                       self._finite(p, width, spec.per_channel), counter,
-                                       deltas=True)
+            else:
+                # The new range's width is the old one's less these deltas'.
+                deltas = [self._ema_delta(scope, var, value, rate)[1] for scope, var, value
+                          in zip(scopes, (min_var, max_var), (lo, hi))]
+                return self._assign_finite(
+                    p, scopes, (min_var, max_var), deltas,
+                    self._finite(p, width, spec.per_channel, *deltas), counter, deltas=True)
         return self._assign_finite(p, scopes, (min_var, max_var), (lo, hi),
-                                   self._finite(p, width, spec.per_channel), counter)
+                                   self._finite(p, width, spec.per_channel, lo, hi), counter)
 
     def _widen_empty(self, p, lo, hi):
         """(lo, hi), (lo, lo + `EMPTY_RANGE_WIDTH`) where hi <= lo, and at
@@ -244,7 +243,3 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
             # The min as every range's; the max at least the updated min + the floor.
             return new_lo, self._widen_top(p + "/KernelFloor", new_lo, new_hi, need)
         return self._widen_about_zero(p + "/KernelFloor", new_lo, new_hi, need)
-
-    def _assign(self, scope, var, value):
-        return self._variables_emitter.assign(scope, var, value,
-                                              device=self._variable_device)
