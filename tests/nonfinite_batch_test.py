@@ -378,6 +378,8 @@ class QuantizeModelTest(tf.test.TestCase):
         with self.assertNoLogs(level="WARNING"):
             counts = qm.skipped_batches()
         self.assertEqual(counts[input_range], 2)
+        coverage = report.coverage_report_of_model(qm)
+        self.assertEqual({q.name: q.skipped_batches for q in coverage.quantizers}[input_range], 2)
 
 
 if __name__ == "__main__":

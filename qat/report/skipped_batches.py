@@ -35,8 +35,9 @@ def warn(counts: Dict[str, int], tensors: Optional[Dict[str, str]] = None) -> No
         tensor = (tensors or {}).get(name)
         logging.warning(
             "qat: the range %s%s skipped %d training batch%s whose min or max was NaN or "
-            "infinite, and kept its last finite value. Look for NaN or infinite values in the "
-            "data fed at those steps, or for an overflow before %s.", name,
+            "infinite, and kept its value. Look for NaN or infinite values in the data fed at "
+            "those steps, or for an overflow before %s (a range restored as NaN skips every "
+            "batch: see docs/known_limits.md).", name,
             f" (of {tensor})" if tensor else "", count, "" if count == 1 else "es",
             tensor or "that tensor")
 
