@@ -25,7 +25,6 @@ import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 from qat import report  # pylint: disable=g-import-not-at-top
 from qat.engine import step_counter  # pylint: disable=g-import-not-at-top
-from qat.quantize.emit import finite_ranges  # pylint: disable=g-import-not-at-top
 from qat.quantize.emit import quantizer_batch  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
