@@ -58,7 +58,12 @@ def _methods(base, saving):
             # TensorFlow's checkpoints and SavedModels reach a variable
             # through attributes; Keras's weight lists are not such.
             self.qat_ranges = ranges.RangeHolder()
-            store = ranges.RangeStore(self._make_variable, call.name)
+            # Skipped-batch counters: checkpointed, not Keras weights (weight
+            # files keep their layout).
+            self.qat_statistics = ranges.RangeHolder("qat_statistics")
+            store = ranges.RangeStore(
+                self._make_variable, call.name,
+                functools.partial(ranges.make_statistic, self.qat_statistics))
             precision = precision_lib.Precision(model, calls.keras_flavour(model))
             self._qat = _Hidden(rewriter_lib.FunctionRewriter(
                 call, options.rewrite_configs(), store, precision))
@@ -86,6 +91,18 @@ def _methods(base, saving):
             variable = _tf_variable(weight)
             self.qat_ranges.ordered.append(variable)
             return variable
+
+        def fit(self, *args, **kwargs):
+            """Keras's `fit`; then warns once of each range that skipped batches
+            whose values were not finite (`skipped_batches`)."""
+            history = super().fit(*args, **kwargs)
+            self._qat.value.skipped_batches()
+            return history
+
+        def skipped_batches(self):
+            """{range: training batches it skipped}: see
+            `qat.tf2.rewriter.FunctionRewriter.skipped_batches`."""
+            return self._qat.value.skipped_batches()
 
         def call(self, inputs, training=None):
             flat = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]

@@ -1,4 +1,7 @@
 """The quantized model of a `tf.Module` or a callable: a `tf.Module` itself."""
+import functools
+from typing import Dict
+
 import numpy as np
 import tensorflow as tf
 
@@ -29,10 +32,13 @@ class QuantizedModule(tf.Module):
         super().__init__(name=name)
         self.model = model
         self.qat_ranges = ranges.RangeHolder()
+        self.qat_statistics = ranges.RangeHolder("qat_statistics")
         # A plain callable's variables are found by tracing it; kept here so
         # `trainable_variables` lists them.
         self.model_variables = []
-        store = ranges.RangeStore(self._make_variable, call.name)
+        store = ranges.RangeStore(
+            self._make_variable, call.name,
+            functools.partial(ranges.make_statistic, self.qat_statistics))
         self._qat = _Hidden(rewriter_lib.FunctionRewriter(call, configs, store))
         self._qat.value.plan()
         if not isinstance(model, tf.Module):
@@ -47,6 +53,10 @@ class QuantizedModule(tf.Module):
 
     def __call__(self, *inputs, training: bool = False):
         return self._qat.value(inputs, training)
+
+    def skipped_batches(self) -> Dict[str, int]:
+        """{range: training batches it skipped}: see `FunctionRewriter.skipped_batches`."""
+        return self._qat.value.skipped_batches()
 
     @property
     def rewriter(self) -> rewriter_lib.FunctionRewriter:

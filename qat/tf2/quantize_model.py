@@ -81,7 +81,10 @@ def quantize_model(model,
       `qm.trainable_variables` are the model's own variables (training `qm`
       trains `model`); the ranges are non-trainable variables of `qm`.
       `qm.inference_function()` is the eval rewrite as a concrete function
-      for `tf.lite.TFLiteConverter.from_concrete_functions`.
+      for `tf.lite.TFLiteConverter.from_concrete_functions`. A training batch
+      whose min or max is NaN or infinite at a range leaves the range as it
+      was; `qm.skipped_batches()` counts such batches per range and warns once
+      of each range that skipped any.
 
       A Keras model under a `mixed_float16` / `mixed_bfloat16` policy is
       traced computing in float32 (the eval function and the export are

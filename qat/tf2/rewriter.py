@@ -14,6 +14,10 @@ Both read the same variables (`qat.tf2.ranges.RangeStore`), made by the
 first trace of the training function (`plan`). A Keras model under a mixed
 precision policy is traced computing in float32, and the training function's
 quantized layers then compute in their layers' dtype (`qat.tf2.precision`).
+The training function also counts, per range, the batches whose values were
+not finite (`skipped_batches`); Python reads the counters where it runs
+anyway (an eager training call, Keras's `fit`, `inference_function`) and
+warns once per range, so the training function itself stays free of host ops.
 """
 import contextlib
 from typing import Dict, List, Optional, Sequence
@@ -25,6 +29,7 @@ from qat import api
 from qat.engine import config as config_lib
 from qat.engine import function_graphs
 from qat.matching import layer_patterns
+from qat.report import skipped_batches as skipped_lib
 from qat.tf2 import calls
 from qat.tf2 import precision as precision_lib
 from qat.tf2 import ranges
@@ -65,6 +70,9 @@ class FunctionRewriter(object):
         # bfloat16 (`qat.tf2.precision`), by the names of the float32 ops.
         self.low_precision_layers: List[str] = []
         self.model_variables: List[tf.Variable] = []
+        # {range name: the tensor it quantizes}, of the training trace.
+        self.range_tensors: Dict[str, str] = {}
+        self._read_counters: Optional[tf.types.experimental.GenericFunction] = None
         self._planned_layers = set()
         self._error = None
 
@@ -98,6 +106,9 @@ class FunctionRewriter(object):
             if training and self.precision is not None:
                 self.low_precision_layers = self.precision.lower_layers(graph)
         self.quantizer_names[training] = result.quantize.names
+        if training:
+            for q in result.quantize.quantizers:
+                self.range_tensors.setdefault(q.range_name or q.name, q.tensor.name)
         self.left_float[training] = (
             [f"{s.name}: batch norm not folded: {s.reason}" for s in result.fold.skipped]
             + [f"{item.name}: {item.reason}" for item in result.quantize.left_float])
@@ -174,11 +185,37 @@ class FunctionRewriter(object):
             raise ValueError(
                 f"{self.call.name} takes {len(self.call.signature)} input(s) "
                 f"({self.call.signature}); got {len(inputs)}.")
-        return self._traced_call(self.functions[training], *inputs)
+        outputs = self._traced_call(self.functions[training], *inputs)
+        if (training and tf.executing_eagerly()
+                and (not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context())):
+            self.skipped_batches()  # Not per replica of an eager strategy.run.
+        return outputs
 
     def inference_function(self) -> tf.types.experimental.ConcreteFunction:
         """The eval function, traced for the input signature."""
+        self.skipped_batches()
         return self._traced_call(self.functions[False].get_concrete_function)
+
+    def skipped_batches(self) -> Dict[str, int]:
+        """{range name: training batches it skipped}; warns once per range.
+
+        A range skips a batch whose min or max is NaN or infinite
+        (`qat.quantize.emit.finite_ranges`): its value stays as it was. Reads
+        the counters (one function call); a range that skipped any gets one
+        warning per process naming it and the tensor it quantizes.
+        """
+        counters = self.store.statistics
+        if not counters:
+            return {}
+        if self._read_counters is None:
+            variables = list(counters.values())
+            self._read_counters = tf.function(
+                lambda: tf.stack([tf.convert_to_tensor(v) for v in variables]))
+        with tf.init_scope():
+            values = self._read_counters().numpy()
+        counts = {name.rsplit("/", 1)[0]: int(v) for name, v in zip(counters, values)}
+        skipped_lib.warn(counts, self.range_tensors)
+        return counts
 
 
 def _identifier(name: str) -> str:
