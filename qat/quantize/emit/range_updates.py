@@ -1,7 +1,8 @@
 """The ops that update a quantizer's range while training (a mixin of `QuantizerBatch`).
 
 Last value (weights): the batch's min and max, widened to include 0.
-Moving average (activations): `v -= rate * (v - batch value)`; rate 1 - decay,
+Moving average (activations): `v = v - rate * (v - batch value)`, assigned as a
+value (overlapping session runs each leave a range that holds 0); rate 1 - decay,
 or, when the quantization step t is given, the bias-corrected (1 - decay) /
 (1 - decay^t) (see `RangeUpdates._ema_rate`).
 Symmetric ranges widen one side; a concatenation's group (`statistics_of`)
@@ -193,9 +194,21 @@ class RangeUpdates(range_floors.RangeFloors):
         return new_lo, new_hi
 
     def _ema(self, scope, var, value, rate):
-        _, delta = self._ema_delta(scope, var, value, rate)
-        return self._variables_emitter.assign_sub(scope, var, delta,
-                                                  device=self._variable_device)
+        """`var = read - (read - value) * rate`, assigned as a value, never as a delta.
+
+        Session runs may overlap (research/slim's Supervisor runs the summary
+        op in a thread of its own beside the training step; asynchronous
+        workers share one range): each reads the range, then writes. Assigned
+        as deltas (`var -= (read - value) * rate`), two runs that read the same
+        value both subtract theirs, and while the bias-corrected rate is near
+        1 (1 at step 1, 1 / (1 + decay) at step 2) the range overshoots past
+        the batch's: a ReLU mean's min went from -6 to +3. The assigned
+        average lies between the range it read and the batch's, so whichever
+        run writes last leaves a range that holds 0 (both do).
+        """
+        read, delta = self._ema_delta(scope, var, value, rate)
+        average = self._node(scope + "/average", "Sub", [read, delta], T=_FLOAT)
+        return self._assign(scope + "/Assign", var, average)
 
     def _ema_delta(self, scope, var, value, rate):
         """(the value before the update, the moving average's delta)."""
