@@ -38,7 +38,9 @@ only scalars and loss kernels: no range, no warning. Ops outside both read
 the model's outputs where something other than the loss reads their result
 (`predictions = logits * 3 + 0.5` in an export graph): they stay float after
 the model's last range, and the planner names them in `left_float`
-(docs/known_limits.md).
+(docs/known_limits.md). Observers (`GraphView.observers`,
+`qat.quantize.plan.observers`: summaries, prints, asserts, metric updates and
+what only they read) are neither: no range, no `left_float` entry.
 """
 import dataclasses
 from typing import Dict, List, Optional, Set

@@ -84,9 +84,10 @@ def find_observers(candidates: Iterable[tf.Operation]) -> Set[tf.Operation]:
         return all(c in observers or is_sink(c) for c in readers) and (
             bool(readers) or is_check(op))
 
-    # From the readers back to what they read (graph order is no topological
-    # order: TF1's cond creates a Switch after the op reading it).
-    pending = sorted(candidates, key=lambda o: o._id, reverse=True)  # pylint: disable=protected-access
+    # Readers first (popped from the end), then back to what they read; graph
+    # order is no topological order (TF1's cond creates a Switch after the op
+    # reading it), so an op is looked at again when a reader becomes one.
+    pending = sorted(candidates, key=lambda o: o._id)  # pylint: disable=protected-access
     while pending:
         op = pending.pop()
         if op in observers or not is_observer(op):
