@@ -74,12 +74,9 @@ class FiniteRanges(object):
                               dtype=_INT64, statistic=True)
 
     def _assign_finite(self, p: str, scopes, variables, values, finite: str,
-                       counter: str, deltas: bool = False):
+                       counter: str):
         """Assigns `values` to `variables` where `finite`, else keeps them and
         counts the batch; returns the (min, max) nodes after the update.
-
-        `deltas`: `values` are moving-average deltas, subtracted where
-        `finite` (0 otherwise).
         """
         skip = self._node(p + "/Skipped", "SelectV2",
                           [finite, self._shared_const("zero_count", 0, tf.int64),
@@ -90,15 +87,8 @@ class FiniteRanges(object):
         for scope, var, value in zip(scopes, variables, values):
             # The counter's update runs with the range's.
             control = [] if out else [counted]
-            if deltas:
-                kept = self._node(scope + "/finite", "SelectV2",
-                                  [finite, value, self._shared_const("zero", 0.0, tf.float32)],
-                                  T=_FLOAT)
-                out.append(emitter.assign_sub(scope, var, kept, device=self._variable_device,
-                                              control=control))
-            else:
-                old = emitter.before_update(var, self._variable_device)
-                kept = self._node(scope + "/finite", "SelectV2", [finite, value, old], T=_FLOAT)
-                out.append(emitter.assign(scope, var, kept, device=self._variable_device,
-                                          control=control))
+            old = emitter.before_update(var, self._variable_device)
+            kept = self._node(scope + "/finite", "SelectV2", [finite, value, old], T=_FLOAT)
+            out.append(emitter.assign(scope, var, kept, device=self._variable_device,
+                                      control=control))
         return tuple(out)

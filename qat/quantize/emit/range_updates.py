@@ -1,7 +1,8 @@
 """The ops that update a quantizer's range while training (a mixin of `QuantizerBatch`).
 
 Last value (weights): the batch's min and max, widened to include 0.
-Moving average (activations): `v -= rate * (v - batch value)`; rate 1 - decay,
+Moving average (activations): `v = v - rate * (v - batch value)`, assigned as a
+value (overlapping session runs each leave a range that holds 0); rate 1 - decay,
 or, when the quantization step t is given, the bias-corrected (1 - decay) /
 (1 - decay^t) (see `RangeUpdates._ema_rate`).
 Symmetric ranges widen one side; a concatenation's group (`statistics_of`)
@@ -97,12 +98,8 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
                 # Floors widen the average: finite only if they are too.
                 lo, hi = self._floored_average(spec, p, min_var, max_var, lo, hi, rate)
             else:
-                # The new range's width is the old one's less these deltas'.
-                deltas = [self._ema_delta(scope, var, value, rate)[1] for scope, var, value
-                          in zip(scopes, (min_var, max_var), (lo, hi))]
-                return self._assign_finite(
-                    p, scopes, (min_var, max_var), deltas,
-                    self._finite(p, width, spec.per_channel, *deltas), counter, deltas=True)
+                lo, hi = (self._average(scope, var, value, rate) for scope, var, value
+                          in zip(scopes, (min_var, max_var), (lo, hi)))
         return self._assign_finite(p, scopes, (min_var, max_var), (lo, hi),
                                    self._finite(p, width, spec.per_channel, lo, hi), counter)
 
@@ -220,7 +217,19 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
         return new_lo, new_hi
 
     def _average(self, scope, var, value, rate):
-        """The moving average's new value."""
+        """The moving average's new value, `read - (read - value) * rate`.
+
+        Assigned as a value, never as a delta. Session runs may overlap
+        (research/slim's Supervisor runs the summary op in a thread of its
+        own beside the training step; asynchronous workers share one range):
+        each reads the range, then writes. Assigned as deltas (`var -= (read -
+        value) * rate`), two runs that read the same value both subtract
+        theirs, and while the bias-corrected rate is near 1 (1 at step 1, 1 /
+        (1 + decay) at step 2) the range overshoots past the batch's: a ReLU
+        mean's min went from -6 to +3. The average lies between the range it
+        read and the batch's, so whichever run writes last leaves a range
+        that holds 0 (both do).
+        """
         read, delta = self._ema_delta(scope, var, value, rate)
         return self._node(scope + "/average", "Sub", [read, delta], T=_FLOAT)
 

@@ -119,6 +119,8 @@ class GraphView(tails.LayerTails):
         self.model: Set[tf.Operation] = set(self.model_ops)
         self.loss: Set[tf.Operation] = set()
         self.after_model: Set[tf.Operation] = set()
+        # Summaries, prints, asserts, metric updates (`qat.quantize.plan.observers`).
+        self.observers: Set[tf.Operation] = set()
         self.library = None
         self._update_only = {}  # op -> feeds_only_state_updates(op)
 

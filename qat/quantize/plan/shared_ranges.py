@@ -70,8 +70,13 @@ the input's FakeQuant reads it.
 
 Identical ops (one type, the same input tensors and attributes: two ReLUs
 of one tensor, as NASNet-A's cell operations start) are one op for the
-converter, which keeps one of them and its scale: each later one reads the
-first one's range (`share_identical_outputs`).
+converter, which keeps one of them and its scale: in eval graphs each later
+one reads the first one's range (`share_identical_outputs`). In training
+graphs each keeps its own (the same statistics: they compute one value), so
+a reader only the training graph has never owns the range the eval graph
+reads: PNASNet's auxiliary head reads a cell's output through a ReLU of its
+own, made before the next cell's identical ReLU, whose range the eval graph
+then restores from the training checkpoint under its own name.
 
 Not grouped: concatenation inputs with no range planned in this call (a
 FakeQuant the user or an earlier call built, a fixed-range op's output such
@@ -117,8 +122,11 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
 
 def share_identical_outputs(planner, ordered: List[tf.Operation]) -> None:
     """Ops computing the same value (one type, inputs and attributes: two
-    ReLUs of one tensor) are one op for the converter, with one scale: each
-    later one reads the first one's range."""
+    ReLUs of one tensor) are one op for the converter, with one scale: in
+    eval graphs each later one reads the first one's range (training graphs:
+    see the module docstring)."""
+    if planner.is_training:
+        return
     first: Dict[tuple, List[tf.Operation]] = {}
     for op in ordered:
         if not op.outputs or op not in planner.model:
