@@ -12,6 +12,15 @@ The training function folds batch norms with batch statistics and learns
 ranges; the eval function folds with the moving statistics and reads them.
 Both read the same variables (`qat.tf2.ranges.RangeStore`), made by the
 first trace of the training function (`plan`).
+
+Under XLA. A training call made in an XLA context (a
+`tf.function(jit_compile=True)`: Keras's `jit_compile`, a custom step)
+goes to a training function of its own, whose traces are marked as compiled
+by XLA (`qat.engine.xla_compilation`): the gradients of their quantizers take
+the form XLA compiles. A `tf.function` reuses a trace made outside XLA inside
+XLA, and builds a trace's gradient once, so the mode cannot be told apart
+later, inside one function. The eval function has no gradient of qat's and
+serves both.
 """
 from typing import Dict, List, Sequence
 
@@ -21,6 +30,7 @@ import tensorflow as tf
 from qat import api
 from qat.engine import config as config_lib
 from qat.engine import function_graphs
+from qat.engine import xla_compilation
 from qat.matching import layer_patterns
 from qat.tf2 import calls
 from qat.tf2 import ranges
@@ -50,6 +60,8 @@ class FunctionRewriter(object):
             training: tf.function(self._traced(training), input_signature=call.signature,
                                   autograph=True)
             for training in (True, False)}
+        # Training calls made in an XLA context (made on the first such call).
+        self._xla_training = None
         # Per mode, of its latest trace: what was left float, and why.
         self.left_float: Dict[bool, List[str]] = {True: [], False: []}
         self.quantizer_names: Dict[bool, List[str]] = {True: [], False: []}
@@ -57,14 +69,27 @@ class FunctionRewriter(object):
         self._planned_layers = set()
         self._error = None
 
-    def _traced(self, training: bool):
+    def _traced(self, training: bool, xla: bool = False):
         def quantized_model(*inputs):
+            if xla:
+                xla_compilation.mark_compiled(tf.compat.v1.get_default_graph())
             with tf.name_scope(self.scope):
                 outputs = self.call(list(inputs), training)
             return self._rewrite(outputs, training)
-        quantized_model.__name__ = "%s_%s" % (_identifier(self.call.name),
-                                              "training" if training else "eval")
+        quantized_model.__name__ = "%s_%s%s" % (_identifier(self.call.name),
+                                                "training" if training else "eval",
+                                                "_xla" if xla else "")
         return quantized_model
+
+    def _function(self, training: bool):
+        """The function of a call in `training` mode made here (XLA or not)."""
+        if not (training and xla_compilation.in_xla_context()):
+            return self.functions[training]
+        if self._xla_training is None:
+            self._xla_training = tf.function(self._traced(True, xla=True),
+                                             input_signature=self.call.signature,
+                                             autograph=True)
+        return self._xla_training
 
     @tf.autograph.experimental.do_not_convert
     def _rewrite(self, outputs, training: bool):
@@ -159,7 +184,7 @@ class FunctionRewriter(object):
             raise ValueError(
                 f"{self.call.name} takes {len(self.call.signature)} input(s) "
                 f"({self.call.signature}); got {len(inputs)}.")
-        return self._traced_call(self.functions[training], *inputs)
+        return self._traced_call(self._function(training), *inputs)
 
     def inference_function(self) -> tf.types.experimental.ConcreteFunction:
         """The eval function, traced for the input signature."""
