@@ -81,6 +81,11 @@ class FunctionRewriter(object):
                                                 "_xla" if xla else "")
         return quantized_model
 
+    @property
+    def xla_function(self):
+        """The training function of calls made in an XLA context; None before the first."""
+        return self._xla_training
+
     def _function(self, training: bool):
         """The function of a call in `training` mode made here (XLA or not)."""
         if not (training and xla_compilation.in_xla_context()):
