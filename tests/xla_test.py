@@ -194,6 +194,21 @@ class TrainingStepTest(absltest.TestCase):
         self.assertEqual([name for name in returned if nodes.get(name) == "Const"], [])
 
 
+class ModuleTest(absltest.TestCase):
+
+    def test_tf_module_training_and_eval_steps(self):
+        """A tf.Module's quantized model in custom XLA training and eval steps."""
+        qm = qat.quantize_model(tf2_util.ModuleCNN(), _SIGNATURE, quant_delay=1)
+        (x, y), (x_test, _) = digits_util.digits_split()
+        step = tf2_util.adam_step(qm, 1e-3, jit_compile=True)
+        losses = [float(step(x[32 * i:32 * (i + 1)], y[32 * i:32 * (i + 1)])) for i in range(3)]
+        self.assertTrue(np.all(np.isfinite(losses)))
+        self.assertIsNotNone(qm.rewriter.xla_function)
+        evaluate = tf.function(lambda images: qm(images, training=False), jit_compile=True)
+        np.testing.assert_allclose(evaluate(x_test).numpy(), qm(x_test, training=False).numpy(),
+                                   rtol=1e-4, atol=1e-4)
+
+
 def _small_keras_model(k):
     inputs = k.Input((8, 8, 1))
     h = k.layers.Conv2D(8, 3, padding="same", use_bias=False)(inputs)

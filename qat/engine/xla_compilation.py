@@ -139,8 +139,9 @@ def _constant_copy(graph: tf.Graph, tensor: tf.Tensor):
 
 
 def _output_grad(op: tf.Operation, grad: tf.Tensor):
-    del op
-    _copy_constants_into(tf.compat.v1.get_default_graph())
+    building = tf.compat.v1.get_default_graph()
+    if building is not op.graph:  # A gradient function of its own.
+        _copy_constants_into(building)
     return grad
 
 

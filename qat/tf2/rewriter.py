@@ -75,7 +75,11 @@ class FunctionRewriter(object):
                 xla_compilation.mark_compiled(tf.compat.v1.get_default_graph())
             with tf.name_scope(self.scope):
                 outputs = self.call(list(inputs), training)
-            return self._rewrite(outputs, training, xla)
+            outputs = self._rewrite(outputs, training)
+            if xla:
+                outputs = tf.nest.pack_sequence_as(
+                    outputs, xla_compilation.function_outputs(tf.nest.flatten(outputs)))
+            return outputs
         quantized_model.__name__ = "%s_%s%s" % (_identifier(self.call.name),
                                                 "training" if training else "eval",
                                                 "_xla" if xla else "")
@@ -97,11 +101,10 @@ class FunctionRewriter(object):
         return self._xla_training
 
     @tf.autograph.experimental.do_not_convert
-    def _rewrite(self, outputs, training: bool, xla: bool):
+    def _rewrite(self, outputs, training: bool):
         graph = tf.compat.v1.get_default_graph()
         flat = tf.nest.flatten(outputs)
-        ends = (xla_compilation.function_outputs(flat) if xla
-                else [tf.identity(t) for t in flat])
+        ends = [tf.identity(t) for t in flat]
         with function_graphs.editing(graph, self.store):
             try:
                 result = api.rewrite_graph(graph, self.configs[training], self._replication)
