@@ -19,8 +19,10 @@ goes to a training function of its own, whose traces are marked as compiled
 by XLA (`qat.engine.xla_compilation`): the gradients of their quantizers take
 the form XLA compiles. A `tf.function` reuses a trace made outside XLA inside
 XLA, and builds a trace's gradient once, so the mode cannot be told apart
-later, inside one function. The eval function has no gradient of qat's and
-serves both.
+later, inside one function. Its outputs pass through
+`xla_compilation.function_outputs`, so that its gradient reads no constant
+from it (XLA would otherwise fold the whole call in and compile every step
+anew). The eval function has no gradient of qat's and serves both.
 """
 from typing import Dict, List, Sequence
 
