@@ -226,10 +226,12 @@ class KerasJitCompileTest(parameterized.TestCase):
         (cls.x, cls.y), (cls.x_test, _) = digits_util.digits_split()
         cls.x, cls.y = cls.x[:256], cls.y[:256]
 
-    def _fit_evaluate_predict(self, k, qm, **compile_args):
+    def _compile(self, k, qm, **compile_args):
         qm.compile(k.optimizers.Adam(1e-3),
                    k.losses.SparseCategoricalCrossentropy(from_logits=True),
                    metrics=["accuracy"], **compile_args)
+
+    def _fit_evaluate_predict(self, qm):
         history = qm.fit(self.x, self.y, epochs=2, batch_size=64, verbose=0)
         self.assertTrue(np.all(np.isfinite(history.history["loss"])))
         self.assertIsNotNone(qm.rewriter.xla_function)  # fit's training calls ran under XLA.
@@ -245,16 +247,16 @@ class KerasJitCompileTest(parameterized.TestCase):
         gpu = tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")
         devices = tf.config.list_physical_devices()
         with mock.patch.object(tf.config, "list_physical_devices", return_value=devices + [gpu]):
-            qm.compile(k.optimizers.Adam(1e-3),
-                       k.losses.SparseCategoricalCrossentropy(from_logits=True))
+            self._compile(k, qm)  # jit_compile="auto", Keras 3's default.
             self.assertIs(qm.jit_compile, True)
-        self._fit_evaluate_predict(k, qm, jit_compile=qm.jit_compile)
+        self._fit_evaluate_predict(qm)
         self.assertIs(qm.jit_compile, True)
 
     def test_tf_keras_jit_compile(self):
         import tf_keras  # pylint: disable=g-import-not-at-top
         qm = qat.quantize_model(_small_keras_model(tf_keras), quant_delay=4)
-        self._fit_evaluate_predict(tf_keras, qm, jit_compile=True)
+        self._compile(tf_keras, qm, jit_compile=True)
+        self._fit_evaluate_predict(qm)
         self.assertTrue(qm.jit_compile)
         export.check_fully_integer(export.convert_function(qm.inference_function()))
 
