@@ -197,6 +197,21 @@ class TrainingStepTest(absltest.TestCase):
         self.assertEqual([name for name in returned if nodes.get(name) == "Const"], [])
 
 
+class OnePassTest(absltest.TestCase):
+
+    def test_relu_mask_fused_in_a_functions_gradient(self):
+        """Without XLA, a ReLU before a quantizer is masked in the quantizer's one pass,
+        also where the gradient is a function of its own (reading the ReLU's output
+        through a placeholder)."""
+        qm = qat.quantize_model(tf2_util.functional_cnn())
+        step = _sgd_step(qm, False)
+        (x, y), _ = digits_util.digits_split()
+        types = _op_types(step.get_concrete_function(x[:16], y[:16]))
+        self.assertIn("QuantizeAndDequantizeV4Grad", types)
+        self.assertEqual(types & {"ReluGrad", "Relu6Grad"}, set())
+        self.assertIsNone(qm.rewriter.xla_function)
+
+
 class ModuleTest(absltest.TestCase):
 
     def test_tf_module_training_and_eval_steps(self):
