@@ -25,6 +25,7 @@ import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 from qat.tf2 import keras_models  # pylint: disable=g-import-not-at-top
 from qat.tf2 import keras_registration  # pylint: disable=g-import-not-at-top
+from qat import report  # pylint: disable=g-import-not-at-top
 from qat.tf2 import ranges  # pylint: disable=g-import-not-at-top
 import tf2_util  # pylint: disable=g-import-not-at-top
 
@@ -117,6 +118,37 @@ class EndToEndTest(parameterized.TestCase):
         tf2_util.assert_same_state(qm, loaded, x_test)
         self.assertEqual(tf2_util.quantization_step(loaded), _QAT_STEPS + 6)
         return loaded
+
+    def test_keras3_subclassed_under_xla(self):
+        """jit_compile=True (Keras 3's default on GPU machines): `fit`, then a custom loop."""
+        k = tf2_util.keras()
+        k.utils.set_random_seed(0)
+        (x, y), (x_test, y_test) = digits_util.digits_split()
+        model = tf2_util.subclassed_cnn()
+        model(tf.zeros([1, 8, 8, 1]))
+        tf2_util.train(model, _FLOAT_STEPS * 2 // 3, 3e-3, seed=0)
+        float_accuracy = tf2_util.accuracy(model(x_test, training=False), y_test)
+
+        qm = qat.quantize_model(model, _SIGNATURE)
+        qm.compile(k.optimizers.Adam(1e-3),
+                   k.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+        self.assertIs(qm.jit_compile, True)
+        qm.fit(x, y, epochs=1, batch_size=50, verbose=0)  # One batch shape: one compile.
+        tf2_util.train(qm, _QAT_STEPS // 2, 1e-3, seed=1, jit_compile=True)
+        self.assertIsNotNone(qm.rewriter.xla_function)
+        qat_accuracy = tf2_util.accuracy(qm(x_test, training=False), y_test)
+
+        exported = export.export_model(qm, _tmpdir(), parity_inputs=x_test,
+                                       min_top1_agreement=0.99)
+        self.assertEqual(export.find_float_ops(exported.report), [])
+        self.assertEqual(exported.survival.differing, [])
+        numerics = report.layer_numerics_of_model(qm, x_test[:64], tflite=exported.model)
+        self.assertEqual([r.name for r in numerics.unmatched], [])
+        self.assertLessEqual(numerics.worst_own.max_own_steps, 1.0 + 1e-3, numerics.worst_own.name)
+        print(f"{self._testMethodName}: float {float_accuracy:.4f}, QAT under XLA "
+              f"{qat_accuracy:.4f}, {exported.parity.format()}")
+        self.assertGreaterEqual(qat_accuracy, float_accuracy - 0.02)
+        self.assertGreaterEqual(exported.parity.top1_agreement, 0.99)
 
     def test_keras3_compile_fit(self):
         k = tf2_util.keras()

@@ -47,18 +47,30 @@ def _text_encoder():
     return k.Model(ids, logits, name="text_encoder")
 
 
-def _train(qm, inputs, labels):
-    step = tf2_util.adam_step(qm, 1e-3)
+def _train(qm, inputs, labels, jit_compile=None):
+    step = tf2_util.adam_step(qm, 1e-3, jit_compile)
 
-    for i in range(_STEPS):
+    for i in range(len(inputs) // 16):
         batch = slice(16 * i, 16 * (i + 1))
         loss = step(inputs[batch], labels[batch])
     return float(loss)
 
 
+def _train_under_xla(qm, inputs, labels):
+    """Half the steps with Keras's `fit(jit_compile=True)`, half in a custom XLA loop."""
+    k = tf2_util.keras()
+    qm.compile(k.optimizers.Adam(1e-3),
+               k.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+    half = len(inputs) // 2
+    history = qm.fit(inputs[:half], labels[:half], batch_size=16, epochs=1, verbose=0)
+    assert qm.rewriter.xla_function is not None, "fit's training calls ran without XLA"
+    return min(history.history["loss"][-1], _train(qm, inputs[half:], labels[half:], True))
+
+
 class QuantizeModelZooTest(absltest.TestCase):
 
-    def _check(self, build, inputs, labels, samples, keras_file=False, min_top1_agreement=None):
+    def _check(self, build, inputs, labels, samples, keras_file=False, min_top1_agreement=None,
+               train=_train):
         tf2_util.keras().utils.set_random_seed(0)
         qm = qat.quantize_model(build())
         self.assertEqual(qm.left_float, [])
@@ -67,7 +79,7 @@ class QuantizeModelZooTest(absltest.TestCase):
             qm = self._fitted_after_keras_file(qm, os.path.join(out, "qm.keras"), inputs,
                                                labels, samples)
         else:
-            self.assertTrue(np.isfinite(_train(qm, inputs, labels)))
+            self.assertTrue(np.isfinite(train(qm, inputs, labels)))
         exported = export.export_model(qm, out, parity_inputs=samples,
                                        min_top1_agreement=min_top1_agreement)
         self.assertEqual(export.find_float_ops(exported.report), [])
@@ -107,6 +119,15 @@ class QuantizeModelZooTest(absltest.TestCase):
         labels = rng.randint(0, 10, 16 * _STEPS)
         _, numerics = self._check(_mobilenet_v2, images, labels, images[:16], keras_file=True,
                                   min_top1_agreement=0.95)
+        self.assertGreater(len(numerics.rows), 60)
+
+    def test_mobilenet_v2_under_xla(self):
+        """jit_compile=True, Keras 3's default on GPU machines: `fit` and a custom loop."""
+        rng = np.random.RandomState(0)
+        images = rng.rand(16 * _STEPS, 32, 32, 3).astype(np.float32)
+        labels = rng.randint(0, 10, 16 * _STEPS)
+        _, numerics = self._check(_mobilenet_v2, images, labels, images[:16],
+                                  min_top1_agreement=0.95, train=_train_under_xla)
         self.assertGreater(len(numerics.rows), 60)
 
     def test_text_encoder(self):

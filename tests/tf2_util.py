@@ -104,13 +104,14 @@ class ModuleCNN(tf.Module):
         return tf.matmul(x, self.w3) + self.b3
 
 
-def adam_step(model, learning_rate):
-    """A tf.function GradientTape training step of `model` (Adam, logits)."""
+def adam_step(model, learning_rate, jit_compile=None):
+    """A tf.function GradientTape training step of `model` (Adam, logits);
+    `jit_compile=True`: compiled by XLA."""
     k = keras()
     optimizer = k.optimizers.Adam(learning_rate)
     loss_fn = k.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    @tf.function
+    @tf.function(jit_compile=jit_compile)
     def step(xb, yb):
         with tf.GradientTape() as tape:
             loss = loss_fn(yb, model(xb, training=True))
@@ -121,10 +122,10 @@ def adam_step(model, learning_rate):
     return step
 
 
-def train(model, steps, learning_rate, seed, batch=32):
+def train(model, steps, learning_rate, seed, batch=32, jit_compile=None):
     """`steps` Adam steps of a tf.function GradientTape loop on the digits."""
     (x, y), _ = digits_util.digits_split()
-    step = adam_step(model, learning_rate)
+    step = adam_step(model, learning_rate, jit_compile)
 
     rng = np.random.RandomState(seed)
     loss = None

@@ -18,6 +18,17 @@ The training function also counts, per range, the batches whose values were
 not finite (`skipped_batches`); Python reads the counters where it runs
 anyway (an eager training call, Keras's `fit`, `inference_function`) and
 warns once per range, so the training function itself stays free of host ops.
+
+Under XLA. A training call made in an XLA context (a
+`tf.function(jit_compile=True)`: Keras's `jit_compile`, a custom step)
+goes to a training function of its own, whose traces are marked as compiled
+by XLA (`qat.engine.xla_compilation`): the gradients of their quantizers take
+the form XLA compiles. A `tf.function` reuses a trace made outside XLA inside
+XLA, and builds a trace's gradient once, so the mode cannot be told apart
+later, inside one function. Its outputs pass through
+`xla_compilation.function_outputs`, so that its gradient reads no constant
+from it (XLA would otherwise fold the whole call in and compile every step
+anew). The eval function has no gradient of qat's and serves both.
 """
 import contextlib
 from typing import Dict, List, Optional, Sequence
@@ -28,6 +39,7 @@ import tensorflow as tf
 from qat import api
 from qat.engine import config as config_lib
 from qat.engine import function_graphs
+from qat.engine import xla_compilation
 from qat.matching import layer_patterns
 from qat.report import skipped_batches as skipped_lib
 from qat.tf2 import calls
@@ -63,6 +75,8 @@ class FunctionRewriter(object):
             training: tf.function(self._traced(training), input_signature=call.signature,
                                   autograph=True)
             for training in (True, False)}
+        # Training calls made in an XLA context (made on the first such call).
+        self._xla_training = None
         # Per mode, of its latest trace: what was left float, and why.
         self.left_float: Dict[bool, List[str]] = {True: [], False: []}
         self.quantizer_names: Dict[bool, List[str]] = {True: [], False: []}
@@ -76,16 +90,38 @@ class FunctionRewriter(object):
         self._planned_layers = set()
         self._error = None
 
-    def _traced(self, training: bool):
+    def _traced(self, training: bool, xla: bool = False):
         def quantized_model(*inputs):
+            if xla:
+                xla_compilation.mark_compiled(tf.compat.v1.get_default_graph())
             float32 = (self.precision.float32_trace() if self.precision is not None
                        else contextlib.nullcontext())
             with tf.name_scope(self.scope), float32:
                 outputs = self.call(list(inputs), training)
-            return self._rewrite(outputs, training)
-        quantized_model.__name__ = "%s_%s" % (_identifier(self.call.name),
-                                              "training" if training else "eval")
+            outputs = self._rewrite(outputs, training)
+            if xla:
+                outputs = tf.nest.pack_sequence_as(
+                    outputs, xla_compilation.function_outputs(tf.nest.flatten(outputs)))
+            return outputs
+        quantized_model.__name__ = "%s_%s%s" % (_identifier(self.call.name),
+                                                "training" if training else "eval",
+                                                "_xla" if xla else "")
         return quantized_model
+
+    @property
+    def xla_function(self):
+        """The training function of calls made in an XLA context; None before the first."""
+        return self._xla_training
+
+    def _function(self, training: bool):
+        """The function of a call in `training` mode made here (XLA or not)."""
+        if not (training and xla_compilation.in_xla_context()):
+            return self.functions[training]
+        if self._xla_training is None:
+            self._xla_training = tf.function(self._traced(True, xla=True),
+                                             input_signature=self.call.signature,
+                                             autograph=True)
+        return self._xla_training
 
     @tf.autograph.experimental.do_not_convert
     def _rewrite(self, outputs, training: bool):
@@ -185,7 +221,7 @@ class FunctionRewriter(object):
             raise ValueError(
                 f"{self.call.name} takes {len(self.call.signature)} input(s) "
                 f"({self.call.signature}); got {len(inputs)}.")
-        outputs = self._traced_call(self.functions[training], *inputs)
+        outputs = self._traced_call(self._function(training), *inputs)
         if (training and tf.executing_eagerly()
                 and (not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context())):
             self.skipped_batches()  # Not per replica of an eager strategy.run.
