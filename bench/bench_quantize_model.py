@@ -12,6 +12,9 @@ Two figures for TF 2 code, measured side by side in one run:
   the float model and its quantized model stepping alternately so both see
   the same machine load: the median of the per-round ratios and its
   quartiles. Aim: <= 1.25.
+* the same ratio with both steps `tf.function(jit_compile=True)` (XLA on
+  both sides; Keras 3's `jit_compile="auto"` on a GPU machine), and the time
+  of each side's first (compiling) step. Aim: <= 1.10.
 
   .venv/bin/python bench/bench_quantize_model.py
   .venv/bin/python bench/bench_quantize_model.py --image_size=96 --rounds=30
@@ -31,6 +34,7 @@ flags.DEFINE_integer("batch_size", 32, "Batch size of the training step.")
 flags.DEFINE_integer("rounds", 20, "Timed rounds; each times a few steps of both models.")
 flags.DEFINE_integer("steps_per_round", 5, "Steps per model per round.")
 flags.DEFINE_integer("rewrites", 3, "quantize_model calls timed (fresh models); the median counts.")
+flags.DEFINE_bool("xla", True, "Also time both steps under tf.function(jit_compile=True).")
 
 
 def _model():
@@ -74,13 +78,13 @@ def _rewrite_times():
     return statistics.median(totals), statistics.median(rewrites), statistics.median(traces)
 
 
-def _step_fn(model):
+def _step_fn(model, jit_compile=False):
     import keras  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     optimizer = keras.optimizers.SGD(1e-3)
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
 
-    @tf.function
+    @tf.function(jit_compile=jit_compile)
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
@@ -91,7 +95,7 @@ def _step_fn(model):
     return step
 
 
-def _step_ratios():
+def _step_ratios(jit_compile=False):
     import numpy as np  # pylint: disable=g-import-not-at-top
     import qat  # pylint: disable=g-import-not-at-top
     rng = np.random.RandomState(0)
@@ -99,9 +103,14 @@ def _step_ratios():
     y = rng.randint(0, 10, FLAGS.batch_size)
     float_model = _model()
     quantized = qat.quantize_model(_model())
-    steps = {"float": _step_fn(float_model), "qat": _step_fn(quantized)}
-    for step in steps.values():  # Trace and warm up.
-        for _ in range(3):
+    steps = {"float": _step_fn(float_model, jit_compile),
+             "qat": _step_fn(quantized, jit_compile)}
+    first = {}
+    for name, step in steps.items():  # Trace (compile) and warm up.
+        start = time.perf_counter()
+        step(x, y).numpy()
+        first[name] = time.perf_counter() - start
+        for _ in range(2):
             step(x, y).numpy()
     times = {name: [] for name in steps}
     for _ in range(FLAGS.rounds):
@@ -114,7 +123,7 @@ def _step_ratios():
     ratios = sorted(q / f for q, f in zip(times["qat"], times["float"]))
     quartiles = statistics.quantiles(ratios, n=4)
     return (statistics.median(times["float"]), statistics.median(times["qat"]),
-            statistics.median(ratios), quartiles[0], quartiles[2])
+            statistics.median(ratios), quartiles[0], quartiles[2], first)
 
 
 def main(argv):
@@ -124,10 +133,14 @@ def main(argv):
     print(f"quantize_model: {total:.3f} s (median of {FLAGS.rewrites}); its rewrite "
           f"(fold + plan + emit, ranges made): {rewrite:.3f} s; tracing the float model "
           f"alone: {trace:.3f} s; quantize_model / float trace {total / trace:.2f}")
-    float_step, qat_step, ratio, low, high = _step_ratios()
-    print(f"GradientTape step, batch {FLAGS.batch_size}: float {1000 * float_step:.1f} ms, "
-          f"QAT {1000 * qat_step:.1f} ms; QAT / float {ratio:.3f} "
-          f"(quartiles {low:.3f}-{high:.3f}, {FLAGS.rounds} rounds)")
+    for jit_compile in (False, True) if FLAGS.xla else (False,):
+        float_step, qat_step, ratio, low, high, first = _step_ratios(jit_compile)
+        label = "jit_compile=True (XLA) step" if jit_compile else "GradientTape step"
+        print(f"{label}, batch {FLAGS.batch_size}: float {1000 * float_step:.1f} ms, "
+              f"QAT {1000 * qat_step:.1f} ms; QAT / float {ratio:.3f} "
+              f"(quartiles {low:.3f}-{high:.3f}, {FLAGS.rounds} rounds); first step "
+              f"(trace{', compile' if jit_compile else ''}) float {first['float']:.1f} s, "
+              f"QAT {first['qat']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ training graph (a feed, the model, a loss) and the export graph (a
 placeholder and the model) must quantize the same model tensors, under the
 same names, with the same range variables (a strict `Saver()` restore).
 """
+import re
 from typing import Dict, List, Set, Tuple
 
 import tensorflow as tf
@@ -43,7 +44,7 @@ def range_variables(graph: tf.Graph) -> List[str]:
     """The activation range variables (what a checkpoint holds of them)."""
     with graph.as_default():
         return sorted({v.op.name for v in tf.compat.v1.global_variables()
-                       if v.op.name.endswith(("_quant/min", "_quant/max"))
+                       if re.search(r"_quant(_\d+)?/(min|max)$", v.op.name)
                        and "weights_quant" not in v.op.name})
 
 

@@ -91,7 +91,11 @@ class CheckpointTest(absltest.TestCase):
                 restored = _var_values(sess, eval_vars)
                 out = sess.run(y, {x: _data(0)[0]})
         self.assertTrue(np.all(np.isfinite(out)))
-        quant_names = {v.op.name for v in quant_vars}
+        # The eval graph has every range; the counts of skipped batches are the
+        # training graph's alone.
+        quant_names = {v.op.name for v in quant_vars
+                       if not v.op.name.endswith("/skipped_batches")}
+        self.assertLen(quant_names, len(quant_vars) * 2 // 3)
         eval_quant = {n for n in restored if "_quant/" in n}
         self.assertEqual(eval_quant, quant_names)
         for name, value in restored.items():
@@ -129,12 +133,13 @@ class CheckpointTest(absltest.TestCase):
         # The quantization variables start from their initial values.
         self.assertEqual(float(restored["conv1/act_quant/min"]), 0.0)
         self.assertEqual(float(restored["conv1/act_quant/max"]), 6.0)
-        # Only the rewrite's range variables and the step counter (whose
-        # first run starts the ranges from the batch's) are new: no hidden
-        # EMA variables.
+        # Only the rewrite's range variables, their counts of skipped batches
+        # and the step counter (whose first run starts the ranges from the
+        # batch's) are new: no hidden EMA variables.
         self.assertEqual(
             sorted(set(restored) - set(float_values)),
-            sorted([n for n in restored if n.endswith(("_quant/min", "_quant/max"))]
+            sorted([n for n in restored if n.endswith(
+                ("_quant/min", "_quant/max", "_quant/skipped_batches"))]
                    + ["fake_quantization_step"]))
 
     def test_float_checkpoint_filtered_by_contents(self):

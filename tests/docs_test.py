@@ -71,7 +71,7 @@ _EPILOGUES = {
                 assert "qat.compat provides only" in str(_e), str(_e)
     """,
     "docs/tf2_models.md": """
-        for _exported in (keras_int8, loop_int8, module_int8, replicated_int8):
+        for _exported in (keras_int8, loop_int8, module_int8, replicated_int8, resumed_int8):
             assert _exported.parity.top1_agreement >= 0.99, _exported.parity.format()
             assert not export.find_float_ops(_exported.report), _exported.path
         assert isinstance(qm, keras.Model) and isinstance(qtiny, qat.tf2.QuantizedModule)

@@ -329,10 +329,6 @@ class DelayedQuantizerGradientTest(absltest.TestCase):
         self.assertEqual(grads[0].op.type, "QuantizeAndDequantizeV4Grad")
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class ReluFusionTest(parameterized.TestCase):
     """ReLU -> training FakeQuant: one masked pass for both, the same values."""
 
@@ -432,3 +428,7 @@ class ReluFusionTest(parameterized.TestCase):
 
         _, _, relu, _ = self._graph(overridden)
         self.assertEqual(relu.op.get_attr("_gradient_op_type"), b"Identity")
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -65,8 +65,9 @@ class PlacementTest(parameterized.TestCase):
         kernel = graph.get_operation_by_name("net/conv/kernel")
         self.assertEqual(kernel.type, "VarHandleOp" if use_resource else "VariableV2")
         variables = _qat_variables(graph)
-        # 2 weights, 2 activations, the graph input: min and max each; the counter.
-        self.assertLen(variables, 11)
+        # 2 weights, 2 activations, the graph input: min, max and the count of
+        # skipped batches each; the step counter.
+        self.assertLen(variables, 16)
         for v in variables:
             self.assertTrue(v.op.device.startswith("/job:ps/task:"), (v.op.name, v.op.device))
             self.assertEqual(v.op.type, "VarHandleOp")
@@ -74,7 +75,7 @@ class PlacementTest(parameterized.TestCase):
             # Copied from the layer's own variables (2 ps tasks, round robin).
             for layer in ("conv", "dense"):
                 own = graph.get_operation_by_name(f"net/{layer}/kernel").device
-                for end in ("min", "max"):
+                for end in ("min", "max", "skipped_batches"):
                     self.assertEqual(
                         graph.get_operation_by_name(f"net/{layer}/weights_quant/{end}").device,
                         own)

@@ -8,7 +8,9 @@ reference is the same float model fine-tuned the same steps on the same
 batches without quantization (two trainings differ by about a point on this
 split from noise alone).
 """
+import importlib
 import os
+import sys
 import tempfile
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -21,11 +23,16 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import digits_util  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
+from qat.tf2 import keras_models  # pylint: disable=g-import-not-at-top
+from qat.tf2 import keras_registration  # pylint: disable=g-import-not-at-top
+from qat import report  # pylint: disable=g-import-not-at-top
 from qat.tf2 import ranges  # pylint: disable=g-import-not-at-top
 import tf2_util  # pylint: disable=g-import-not-at-top
 
 _FLOAT_STEPS = 1500
 _QAT_STEPS = 150
+# Past the first of test_keras3_compile_fit's two epochs (44 steps each).
+_FIT_QUANT_DELAY = 50
 _SIGNATURE = [tf.TensorSpec([None, 8, 8, 1], tf.float32)]
 
 
@@ -57,6 +64,8 @@ class EndToEndTest(parameterized.TestCase):
         qm = qat.quantize_model(model, _SIGNATURE)
         tf2_util.train(qm, _QAT_STEPS, 1e-3, seed=1)
         tf2_util.train(reference, _QAT_STEPS, 1e-3, seed=1)
+        if isinstance(model, tf2_util.keras().Model):
+            qm = self._resumed_from_keras_file(qm, reference, x_test)
         float_accuracy = tf2_util.accuracy(reference(x_test, training=False), y_test)
         qat_logits = qm(x_test, training=False).numpy()
         qat_accuracy = tf2_util.accuracy(qat_logits, y_test)
@@ -78,8 +87,68 @@ class EndToEndTest(parameterized.TestCase):
         fresh_model = build()
         fresh_model(tf.zeros([1, 8, 8, 1]))
         fresh = qat.quantize_model(fresh_model, _SIGNATURE)
-        tf.train.Checkpoint(model=fresh).restore(path).assert_consumed()
+        # Every variable of `fresh` restored (the Keras model's checkpoint also
+        # holds the optimizer it was fitted with, which `fresh` has not).
+        tf.train.Checkpoint(model=fresh).restore(path).assert_existing_objects_matched()
         np.testing.assert_array_equal(fresh(x_test, training=False).numpy(), qat_logits)
+
+    def _resumed_from_keras_file(self, qm, reference, x_test):
+        """Issue #36: `fit`, `save("x.keras")`, `load_model`, further `fit`.
+
+        The quantized model and the float reference are fitted two steps, the
+        quantized model saved and loaded (its subclassed model rebuilt from its
+        config), then the model, its loaded copy and the reference are fitted
+        four more steps on the same batches: the copy stays identical to the
+        model (weights, ranges, step counter, optimizer state, outputs).
+        Returns the copy, which the caller's checks then hold to.
+        """
+        k = tf2_util.keras()
+        (x, y), _ = digits_util.digits_split()
+        for m in (qm, reference):
+            m.compile(k.optimizers.Adam(1e-3),
+                      k.losses.SparseCategoricalCrossentropy(from_logits=True))
+            m.fit(x[:64], y[:64], batch_size=32, shuffle=False, verbose=0)
+        path = os.path.join(_tmpdir(), "qm.keras")
+        qm.save(path)
+        loaded = k.models.load_model(path)
+        self.assertIsNot(loaded.model, qm.model)
+        tf2_util.assert_same_state(qm, loaded, x_test)
+        for m in (qm, loaded, reference):
+            m.fit(x[64:192], y[64:192], batch_size=32, shuffle=False, verbose=0)
+        tf2_util.assert_same_state(qm, loaded, x_test)
+        self.assertEqual(tf2_util.quantization_step(loaded), _QAT_STEPS + 6)
+        return loaded
+
+    def test_keras3_subclassed_under_xla(self):
+        """jit_compile=True (Keras 3's default on GPU machines): `fit`, then a custom loop."""
+        k = tf2_util.keras()
+        k.utils.set_random_seed(0)
+        (x, y), (x_test, y_test) = digits_util.digits_split()
+        model = tf2_util.subclassed_cnn()
+        model(tf.zeros([1, 8, 8, 1]))
+        tf2_util.train(model, _FLOAT_STEPS * 2 // 3, 3e-3, seed=0)
+        float_accuracy = tf2_util.accuracy(model(x_test, training=False), y_test)
+
+        qm = qat.quantize_model(model, _SIGNATURE)
+        qm.compile(k.optimizers.Adam(1e-3),
+                   k.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+        self.assertIs(qm.jit_compile, True)
+        qm.fit(x, y, epochs=1, batch_size=50, verbose=0)  # One batch shape: one compile.
+        tf2_util.train(qm, _QAT_STEPS // 2, 1e-3, seed=1, jit_compile=True)
+        self.assertIsNotNone(qm.rewriter.xla_function)
+        qat_accuracy = tf2_util.accuracy(qm(x_test, training=False), y_test)
+
+        exported = export.export_model(qm, _tmpdir(), parity_inputs=x_test,
+                                       min_top1_agreement=0.99)
+        self.assertEqual(export.find_float_ops(exported.report), [])
+        self.assertEqual(exported.survival.differing, [])
+        numerics = report.layer_numerics_of_model(qm, x_test[:64], tflite=exported.model)
+        self.assertEqual([r.name for r in numerics.unmatched], [])
+        self.assertLessEqual(numerics.worst_own.max_own_steps, 1.0 + 1e-3, numerics.worst_own.name)
+        print(f"{self._testMethodName}: float {float_accuracy:.4f}, QAT under XLA "
+              f"{qat_accuracy:.4f}, {exported.parity.format()}")
+        self.assertGreaterEqual(qat_accuracy, float_accuracy - 0.02)
+        self.assertGreaterEqual(exported.parity.top1_agreement, 0.99)
 
     def test_keras3_compile_fit(self):
         k = tf2_util.keras()
@@ -89,24 +158,45 @@ class EndToEndTest(parameterized.TestCase):
         model.compile(k.optimizers.Adam(3e-3), "sparse_categorical_crossentropy",
                       metrics=["accuracy"])
         model.fit(x, y, epochs=8, batch_size=32, verbose=0)
-        qm = qat.quantize_model(model)
+        qm = qat.quantize_model(model, quant_delay=_FIT_QUANT_DELAY)
         self.assertIsInstance(qm, k.Model)
         qm.compile(k.optimizers.Adam(1e-3), "sparse_categorical_crossentropy",
                    metrics=["accuracy"])
-        history = qm.fit(x, y, epochs=2, batch_size=32, verbose=0)
+        out = _tmpdir()
+        checkpoints = [  # Each epoch's end, both kinds of file.
+            k.callbacks.ModelCheckpoint(os.path.join(out, "qm_{epoch}.keras")),
+            k.callbacks.ModelCheckpoint(os.path.join(out, "qm_{epoch}.weights.h5"),
+                                        save_weights_only=True)]
+        fit_args = dict(batch_size=32, shuffle=False, verbose=0)
+        history = qm.fit(x, y, epochs=2, callbacks=checkpoints, **fit_args)
         self.assertLen(history.history["loss"], 2)
         _, qat_accuracy = qm.evaluate(x_test, y_test, verbose=0)
         self.assertGreater(qat_accuracy, 0.85)
         predictions = qm.predict(x_test, verbose=0)
         np.testing.assert_allclose(predictions, qm(x_test, training=False).numpy(),
                                    rtol=1e-5, atol=1e-6)
-        weights = os.path.join(_tmpdir(), "qm.weights.h5")
-        qm.save_weights(weights)
-        fresh_model = tf2_util.functional_cnn(softmax=True)
-        fresh = qat.quantize_model(fresh_model)
-        fresh.load_weights(weights)
-        np.testing.assert_array_equal(fresh(x_test, training=False).numpy(),
-                                      qm(x_test, training=False).numpy())
+
+        # Resumed from epoch 1's files (the quant delay not reached yet), the
+        # second epoch trains as it did: quantization starts at the same step.
+        resumed = k.models.load_model(os.path.join(out, "qm_1.keras"))
+        self.assertEqual(resumed.quantize_options.quant_delay, _FIT_QUANT_DELAY)
+        steps_per_epoch = -(-len(x) // 32)
+        self.assertEqual(tf2_util.quantization_step(resumed), steps_per_epoch)
+        self.assertLess(steps_per_epoch, _FIT_QUANT_DELAY)
+        resumed.fit(x, y, initial_epoch=1, epochs=2, **fit_args)
+        tf2_util.assert_same_state(qm, resumed, x_test)
+        rebuilt = qat.quantize_model(tf2_util.functional_cnn(softmax=True),
+                                     quant_delay=_FIT_QUANT_DELAY)
+        rebuilt.compile(k.optimizers.Adam(1e-3), "sparse_categorical_crossentropy",
+                        metrics=["accuracy"])
+        rebuilt.optimizer.build(rebuilt.trainable_variables)  # Its state is in the file.
+        rebuilt.load_weights(os.path.join(out, "qm_1.weights.h5"))
+        rebuilt.fit(x, y, initial_epoch=1, epochs=2, **fit_args)
+        tf2_util.assert_same_state(qm, rebuilt, x_test)
+        exported = export.export_model(resumed, out, parity_inputs=x_test,
+                                       min_top1_agreement=0.99)
+        self.assertEqual(export.find_float_ops(exported.report), [])
+        self.assertEqual(exported.survival.differing, [])
 
     @parameterized.named_parameters(
         ("keras3", lambda: tf2_util.functional_cnn()),
@@ -207,6 +297,143 @@ class CallTest(absltest.TestCase):
         qm = qat.quantize_model(Changing(), _SIGNATURE)
         with self.assertRaisesRegex(ranges.UnplannedRangeError, "late_conv"):
             qm(self.x, training=False)
+
+
+class KerasFilesTest(absltest.TestCase):
+    """Keras's own files (`.keras`, `.weights.h5`) of quantized models."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        (cls.x, cls.y), _ = digits_util.digits_split()
+
+    def test_sequential_keeps_its_options_and_signature(self):
+        k = tf2_util.keras()
+
+        def build():
+            return k.Sequential([
+                k.layers.Conv2D(8, 3, use_bias=False, name="features"),
+                k.layers.BatchNormalization(name="features_bn"),
+                k.layers.ReLU(),
+                k.layers.Flatten(),
+                k.layers.Dense(10, name="head")], name="digits_sequential")
+
+        signature = [tf.TensorSpec([None, 8, 8, 1], tf.float32, name="pixels")]
+        model = build()  # Unbuilt: the signature is given, and must survive.
+        # A scope is a prefix of op names: the conv's, as this Keras names it.
+        trace = tf.function(build()).get_concrete_function(signature[0]).graph
+        conv_scope = next(op.name for op in trace.get_operations()
+                          if op.type == "Conv2D").rsplit("/", 1)[0]
+        qm = qat.quantize_model(
+            model, signature, weight_bits=7, activation_bits=6, symmetric=True,
+            quant_delay=2, freeze_bn_delay=3, scope=conv_scope, per_channel_weights=True)
+        self.assertTrue(any("head" in reason for reason in qm.left_float))  # Out of scope.
+        x = self.x[:16]
+        for _ in range(2):
+            qm(x, training=True)
+        path = os.path.join(_tmpdir(), "sequential.keras")
+        qm.save(path)
+        loaded = tf2_util.keras().models.load_model(path)
+        self.assertIsInstance(loaded.model, k.Sequential)
+        self.assertEqual(loaded.quantize_options, qm.quantize_options)
+        self.assertEqual(loaded.rewriter.call.signature, signature)
+        self.assertEqual(loaded.left_float, qm.left_float)
+        tf2_util.assert_same_state(qm, loaded, x)
+        for _ in range(2):  # Past the quant delay and the batch norm freeze.
+            np.testing.assert_array_equal(qm(x, training=True).numpy(),
+                                          loaded(x, training=True).numpy())
+        tf2_util.assert_same_state(qm, loaded, x)
+        self.assertEqual(tf2_util.quantization_step(loaded), 4)
+
+    def test_tf_keras(self):
+        import tf_keras  # pylint: disable=g-import-not-at-top
+
+        def build():
+            inputs = tf_keras.Input((8, 8, 1))
+            h = tf_keras.layers.Conv2D(8, 3, use_bias=False)(inputs)
+            h = tf_keras.layers.BatchNormalization()(h)
+            h = tf_keras.layers.ReLU(6.0)(h)
+            return tf_keras.Model(inputs, tf_keras.layers.Dense(10)(tf_keras.layers.Flatten()(h)))
+
+        qm = qat.quantize_model(build(), quant_delay=3)
+        self.assertIsInstance(qm, tf_keras.Model)
+        loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        qm.compile(tf_keras.optimizers.Adam(1e-3), loss)
+        fit_args = dict(batch_size=32, shuffle=False, verbose=0)
+        qm.fit(self.x[:64], self.y[:64], **fit_args)
+        out = _tmpdir()
+        qm.save(os.path.join(out, "qm.keras"))
+        qm.save_weights(os.path.join(out, "qm.h5"))
+        loaded = tf_keras.models.load_model(os.path.join(out, "qm.keras"))
+        self.assertEqual(loaded.quantize_options.quant_delay, 3)
+        rebuilt = qat.quantize_model(build(), quant_delay=3)
+        rebuilt.load_weights(os.path.join(out, "qm.h5"))
+        np.testing.assert_array_equal(rebuilt(self.x, training=False).numpy(),
+                                      qm(self.x, training=False).numpy())
+        tf2_util.assert_same_state(qm, loaded, self.x)
+        for m in (qm, loaded):
+            m.fit(self.x[64:128], self.y[64:128], **fit_args)
+        tf2_util.assert_same_state(qm, loaded, self.x)
+
+    def test_the_class_is_registered_with_a_keras_imported_later(self):
+        k = tf2_util.keras()
+        self.assertIs(k.saving.get_registered_object("qat>QuantizedKerasModel"),
+                      keras_models.model_class("keras"))
+        # `import qat` may come first: its finder calls back once the package has run.
+        root = _tmpdir()
+        os.makedirs(os.path.join(root, "late_keras"))
+        with open(os.path.join(root, "late_keras", "__init__.py"), "w") as f:
+            f.write("READY = True\n")
+        calls = []
+        finder = keras_registration.AfterImport(
+            {"late_keras": lambda: calls.append(sys.modules["late_keras"].READY)})
+        sys.path.insert(0, root)
+        sys.meta_path.insert(0, finder)
+        try:
+            module = importlib.import_module("late_keras")
+        finally:
+            sys.path.remove(root)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
+            sys.modules.pop("late_keras", None)
+        self.assertEqual(calls, [True])
+        self.assertNotIn(finder, sys.meta_path)  # Done: it left.
+        self.assertNotIn("exec_module", vars(module.__loader__))  # The loader as it was.
+
+    def test_models_keras_cannot_rebuild(self):
+        k = tf2_util.keras()
+
+        class TakesALayer(k.Model):  # No get_config: Keras cannot write its config.
+
+            def __init__(self, head):
+                super().__init__()
+                self.conv = k.layers.Conv2D(4, 3)
+                self.head = head
+
+            def call(self, x):
+                return self.head(k.ops.mean(self.conv(x), axis=[1, 2]))
+
+        qm = qat.quantize_model(TakesALayer(k.layers.Dense(3)), _SIGNATURE)
+        with self.assertRaisesRegex(NotImplementedError, "TakesALayer.*get_config.*save_weights"):
+            qm.save(os.path.join(_tmpdir(), "qm.keras"))
+
+        class Unregistered(k.Model):  # Its config is written; the class cannot be found.
+
+            def __init__(self, **kwargs):
+                super().__init__(**kwargs)
+                self.conv = k.layers.Conv2D(4, 3)
+
+            def call(self, x):
+                return self.conv(x)
+
+        path = os.path.join(_tmpdir(), "unregistered.keras")
+        qat.quantize_model(Unregistered(), _SIGNATURE).save(path)
+        with self.assertRaisesRegex(TypeError, "Unregistered.*register_keras_serializable"):
+            k.models.load_model(path)
+
+        module = qat.quantize_model(tf2_util.ModuleCNN(), _SIGNATURE)
+        with self.assertRaisesRegex(TypeError, "not a Keras model.*tf.train.Checkpoint"):
+            module.save(os.path.join(_tmpdir(), "module.keras"))
 
 
 class ErrorTest(parameterized.TestCase):

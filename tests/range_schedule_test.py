@@ -19,6 +19,7 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
+from qat.engine import marks  # pylint: disable=g-import-not-at-top
 from qat.engine import step_counter  # pylint: disable=g-import-not-at-top
 from qat.quantize.emit import quantizer_batch  # pylint: disable=g-import-not-at-top
 from tools import _text_models  # pylint: disable=g-import-not-at-top
@@ -94,8 +95,10 @@ class RangeScheduleTest(parameterized.TestCase):
     def test_no_variable_is_added(self):
         graph, _, _ = _quantizer_graph(0.999)
         names = sorted(v.op.name for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
+        # The rate needs no variable: the range's own, and its count of
+        # skipped (non-finite) batches.
         self.assertEqual(names, ["fake_quantization_step", "net/act_quant/max",
-                                 "net/act_quant/min"])
+                                 "net/act_quant/min", "net/act_quant/skipped_batches"])
 
     def test_quant_delay_switches_and_the_range_learns_meanwhile(self):
         graph, x, y = _quantizer_graph(0.999, quant_delay=3)
@@ -109,6 +112,62 @@ class RangeScheduleTest(parameterized.TestCase):
         self.assertFalse(np.array_equal(outs[2], batches[2].astype(np.float32)))
         np.testing.assert_allclose(hi, _weighted_mean([b.max() for b in batches], 0.999),
                                    rtol=2e-5)
+
+
+def _range_variables(graph):
+    """{quantizer scope: (min variable, max variable)} of qat's ranges."""
+    found = {}
+    for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
+        scope, _, end = v.op.name.rpartition("/")
+        if end in ("min", "max") and marks.made_by_qat(v.op, marks.QUANTIZER):
+            found.setdefault(scope, {})[end] = v
+    return {scope: (ends["min"], ends["max"]) for scope, ends in found.items()}
+
+
+class OverlappingRunsTest(parameterized.TestCase):
+    """Two session runs that read the ranges before either writes them.
+
+    research/slim's Supervisor runs the summary op in a thread beside the
+    training step, and both run the model, so both update its ranges. Here
+    the second run is fed, at each range's reads that no update precedes,
+    the values the first run read: the interleaving where both read before
+    either writes, made deterministic, at steps 1 and 2 where the
+    bias-corrected rates are 1 and 1 / (1 + decay). Each range must still
+    hold 0 and the model stay finite (a ReLU mean's range was [3.0, 3.0],
+    then the logits' NaN).
+    """
+
+    @parameterized.parameters(False, True)
+    def test_ranges_hold_zero_and_the_model_stays_finite(self, use_resource):
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [2, 8, 8, 3], name="x")
+            with tf1.variable_scope("net", use_resource=use_resource):
+                y = tf1.layers.conv2d(x, 4, 3, padding="same", activation=tf.nn.relu,
+                                      name="conv")
+                # A global pool of a ReLU: its range starts at [-6, 6] and
+                # its batches are nonnegative, as ResNet's.
+                y = tf.reduce_mean(y, [1, 2], keepdims=True, name="pool")
+                logits = tf.squeeze(tf1.layers.conv2d(y, 5, 1, name="logits"), [1, 2])
+            loss = tf.reduce_mean(tf.square(logits))
+            qat.create_training_graph(graph, quant_delay=0)
+        ranges = _range_variables(graph)
+        self.assertIn("net/mean_quant", ranges)
+        variables = {v.op: v for pair in ranges.values() for v in pair}
+        reads = {op.outputs[0]: variables[op.inputs[0].op] for op in graph.get_operations()
+                 if op.type in ("Snapshot", "Identity", "ReadVariableOp")
+                 and op.inputs[0].op in variables and not op.control_inputs}
+        rng = np.random.RandomState(0)
+        batches = [rng.uniform(0.0, 0.1, [2, 8, 8, 3]).astype(np.float32) for _ in range(3)]
+        with tf1.Session(graph=graph) as sess:
+            sess.run(tf1.global_variables_initializer())
+            first_read = dict(zip(reads, sess.run(list(reads.values()))))
+            sess.run(loss, {x: batches[0]})
+            sess.run(loss, {x: batches[1], **first_read})
+            for scope, (lo, hi) in sess.run(ranges).items():
+                self.assertTrue(np.all(lo <= 0.0) and np.all(hi >= 0.0) and np.all(hi > lo),
+                                f"{scope}: [{lo}, {hi}]")
+            self.assertTrue(np.isfinite(sess.run(loss, {x: batches[2]})))
 
 
 class FromScratchTest(absltest.TestCase):

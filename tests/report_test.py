@@ -321,9 +321,14 @@ class DigitsReportTest(absltest.TestCase):
     def test_tensorboard_scalar_per_range_variable(self):
         scalars = report.read_scalars(self.logdir)
         self.assertLen(self.range_variables, 14)  # input + 3 weights + 3 activations.
-        self.assertEqual(sorted(scalars), self.range_variables)
+        # And each range's count of skipped batches (none: every batch finite).
+        counters = [name.rsplit("/", 1)[0] + "/skipped_batches"
+                    for name in self.range_variables if name.endswith("/min")]
+        self.assertEqual(sorted(scalars), sorted(self.range_variables + counters))
         for tag, points in scalars.items():
             self.assertEqual([s for s, _ in points], [0, 50, 100, 150, 200, 250], tag)
+        for tag in counters:
+            self.assertEqual({v for _, v in scalars[tag]}, {0.0}, tag)
         # The activation ranges move from their initial [0, 6] while training.
         self.assertNotAlmostEqual(scalars["digits/conv1/act_quant/max"][-1][1], 6.0, places=3)
         histograms = set()

@@ -22,7 +22,11 @@ MobileNet v3, the last in ten runs), eval_image_classifier.py --quantize,
 export_inference_graph.py --quantize, a strict restore of the training
 checkpoint into the export graph, freeze_graph and the uint8 converter: the
 model prepares, is fully integer, and each layer agrees with the frozen graph
-given TFLite's inputs. The timings of every command go to stderr.
+given TFLite's inputs. TrainingBranchesTest takes the nets whose training
+graph has an auxiliary head (Inception v3, NASNet-A and PNASNet-5 mobile)
+through training, export, strict restore, freeze_graph and the converter;
+SummariesTest runs ResNet v1 50 as issue #37 did (RMSProp, summaries on).
+The timings of every command go to stderr.
 """
 import dataclasses
 import gc
@@ -267,8 +271,8 @@ _PARITY_IMAGES = 4
 _SEED_RUN_STEPS = 3
 
 
-class SlimNetsTest(_ScriptsTestCase):
-    """Each net through train -> eval --quantize -> export --quantize -> freeze -> uint8."""
+class _NetsTestCase(_ScriptsTestCase):
+    """A net's commands: train, eval, export, freeze and convert with their checks."""
 
     def _timed(self, label, fn, *args):
         """Runs fn(*args) in this process, its wall and CPU seconds in the runner's timings."""
@@ -363,6 +367,10 @@ class SlimNetsTest(_ScriptsTestCase):
             self.dataset_dir,
             os.path.join(_SLIM, "preprocessing", f"{net.preprocessing}_preprocessing.py"),
             net.image_size, _PARITY_IMAGES)
+
+
+class SlimNetsTest(_NetsTestCase):
+    """Each net through train -> eval --quantize -> export --quantize -> freeze -> uint8."""
 
     def _check_net(self, name: str, num_clones: int = 1):
         net = NETS[name]
@@ -460,6 +468,106 @@ class SlimNetsTest(_ScriptsTestCase):
 
     def test_vgg_a(self):
         self._check_net("vgg_a")
+
+
+# Nets whose training graph has more than dropout (every net of NETS but the
+# ResNets has dropout, and NASNet-A CIFAR drop paths and an auxiliary head):
+# an auxiliary head, built in training graphs only (NASNet-A and PNASNet-5
+# mobile: a ReLU of the cell output before the second reduction, made before
+# the next cell's identical ReLU) or in both but read by a loss in training
+# only (Inception v3). At the smallest size each builds (the auxiliary
+# heads' 5x5 VALID pools), one step of batch 2.
+_STEP = dict(batch_size=2, steps=1, optimizer="sgd")
+BRANCH_NETS = {
+    "inception_v3": (Net("inception_v3", "InceptionV3/Predictions/Reshape_1", 107, "inception",
+                         **_STEP), "InceptionV3/AuxLogits/"),
+    "nasnet_mobile": (Net("nasnet_mobile", "final_layer/predictions", 72, "inception", **_STEP),
+                      "aux_7/"),
+    "pnasnet_mobile": (Net("pnasnet_mobile", "final_layer/predictions", 72, "inception", **_STEP),
+                       "aux_5/"),
+}
+
+
+class TrainingBranchesTest(_NetsTestCase):
+    """Issue #37: a branch only the training graph has renames no range of the export graph.
+
+    Trained by the script, the checkpoint restores strictly into the export
+    graph (before: pnasnet_mobile's lacked `cell_6/act_quant_1`, whose name a
+    ReLU of the auxiliary head had taken), then freeze_graph and the uint8
+    converter: fully integer.
+    """
+
+    def _check_branch_net(self, name: str):
+        net, aux_scope = BRANCH_NETS[name]
+        train_dir = os.path.join(self.workdir, name)
+        checkpoint = self._train(net, train_dir)
+        trained = _checkpoint_values(checkpoint)
+        self.assertTrue([n for n in trained if n.startswith(aux_scope) and "_quant/" in n],
+                        f"{name}: no range of the auxiliary head in the training checkpoint")
+        graph_path = self._export(net, os.path.join(self.workdir, f"{name}_export.pb"))
+        self.assertGreater(self._timed(f"strict restore {name}", slim_scripts_util.strict_restore,
+                                       graph_path, checkpoint), 0)
+        frozen_path = os.path.join(self.workdir, f"{name}_frozen.pb")
+        frozen = slim_scripts_util.freeze(self.runner, graph_path, checkpoint, net.output,
+                                          frozen_path)
+        self.assertFalse([n.name for n in frozen.node if n.name.startswith(aux_scope)])
+        mean, std = _INPUT_FLAGS[net.preprocessing]
+        model = slim_scripts_util.convert_uint8(
+            self.runner, frozen_path, os.path.join(self.workdir, f"{name}.tflite"), net.output,
+            net.image_size, mean, std)
+        export.check_runnable(model, frozen, label=f"slim {name} uint8")
+        export.check_fully_integer(model, frozen, label=f"slim {name} uint8")
+        gc.collect()
+
+    def test_inception_v3(self):
+        self._check_branch_net("inception_v3")
+
+    def test_nasnet_mobile(self):
+        self._check_branch_net("nasnet_mobile")
+
+    def test_pnasnet_mobile(self):
+        self._check_branch_net("pnasnet_mobile")
+
+
+class SummariesTest(_NetsTestCase):
+    """Issue #37's command as a user runs it: summaries on, the script's defaults.
+
+    The Supervisor's summary thread runs the model (its histograms and
+    zero fractions of every end point) beside the first training step: both
+    update the ranges. Before, the two runs' moving-average deltas added up
+    past the batch's range (the global pool's range went to [3.0, 3.0], a
+    zero scale, NaN logits: `Nan in summary histogram`, in 3 of 4 runs on a
+    loaded machine), and the zero fractions' TF1 conds were 154 "left float"
+    warnings. tests/range_schedule_test.py replays the overlap at unit size.
+    """
+
+    def test_resnet_v1_50_rmsprop_with_summaries(self):
+        net = dataclasses.replace(NETS["resnet_v1_50"], image_size=96, batch_size=4, steps=4,
+                                  optimizer="rmsprop")
+        train_dir = os.path.join(self.workdir, "resnet_summaries")
+        output = self._script(
+            "train_image_classifier.py", "--model_name=resnet_v1_50", "--quantize_delay=0",
+            f"--train_image_size={net.image_size}", f"--batch_size={net.batch_size}",
+            f"--max_number_of_steps={net.steps}", f"--dataset_dir={self.dataset_dir}",
+            f"--train_dir={train_dir}", "--clone_on_cpu", "--log_every_n_steps=1",
+            label="train resnet_v1_50 with summaries")
+        self.assertIn(f"global step {net.steps}:", output)
+        self.assertNotIn("Nan in summary", output)
+        self.assertNotIn("left float", output)
+        checkpoint = tf1.train.latest_checkpoint(train_dir)
+        bad = [n for n, v in _checkpoint_values(checkpoint).items()
+               if v.dtype.kind == "f" and not np.all(np.isfinite(v))]
+        self.assertEqual(bad, [])
+        graph_path = self._export(net, os.path.join(self.workdir, "resnet_summaries_export.pb"))
+        slim_scripts_util.strict_restore(graph_path, checkpoint)
+        frozen_path = os.path.join(self.workdir, "resnet_summaries_frozen.pb")
+        frozen = slim_scripts_util.freeze(self.runner, graph_path, checkpoint, net.output,
+                                          frozen_path)
+        mean, std = _INPUT_FLAGS[net.preprocessing]
+        model = slim_scripts_util.convert_uint8(
+            self.runner, frozen_path, os.path.join(self.workdir, "resnet_summaries.tflite"),
+            net.output, net.image_size, mean, std)
+        export.check_fully_integer(model, frozen, label="slim resnet_v1_50 with summaries")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 Keras 3 is imported as `keras` (the Keras 3 package, whatever
 TF_USE_LEGACY_KERAS says about `tf.keras`).
 """
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -15,13 +17,23 @@ def keras():
 
 
 def subclassed_cnn():
-    """A Keras 3 subclassed CNN: conv + BN + ReLU6, depthwise + BN, 1x1 conv + BN, pool, dense."""
+    """A Keras 3 subclassed CNN: conv + BN + ReLU6, depthwise + BN, 1x1 conv + BN, pool, dense.
+
+    Its class is registered with Keras (`qat_tests>DigitsNet`) and has a
+    get_config, as Keras's own saving asks of a subclassed model.
+    """
+    return _digits_net_class()()
+
+
+@functools.lru_cache(maxsize=None)
+def _digits_net_class():
     k = keras()
 
+    @k.saving.register_keras_serializable(package="qat_tests")
     class DigitsNet(k.Model):
 
-        def __init__(self):
-            super().__init__(name="digits_net")
+        def __init__(self, **kwargs):
+            super().__init__(**{"name": "digits_net", **kwargs})
             self.conv = k.layers.Conv2D(16, 3, padding="same", use_bias=False)
             self.bn1 = k.layers.BatchNormalization()
             self.depthwise = k.layers.DepthwiseConv2D(3, padding="same", use_bias=False)
@@ -37,7 +49,10 @@ def subclassed_cnn():
             x = k.ops.relu6(self.bn3(self.pointwise(x), training=training))
             return self.logits(self.pool(x))
 
-    return DigitsNet()
+        def get_config(self):
+            return {"name": self.name}
+
+    return DigitsNet
 
 
 def functional_cnn(softmax=False):
@@ -89,13 +104,14 @@ class ModuleCNN(tf.Module):
         return tf.matmul(x, self.w3) + self.b3
 
 
-def adam_step(model, learning_rate):
-    """A tf.function GradientTape training step of `model` (Adam, logits)."""
+def adam_step(model, learning_rate, jit_compile=None):
+    """A tf.function GradientTape training step of `model` (Adam, logits);
+    `jit_compile=True`: compiled by XLA."""
     k = keras()
     optimizer = k.optimizers.Adam(learning_rate)
     loss_fn = k.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    @tf.function
+    @tf.function(jit_compile=jit_compile)
     def step(xb, yb):
         with tf.GradientTape() as tape:
             loss = loss_fn(yb, model(xb, training=True))
@@ -106,10 +122,10 @@ def adam_step(model, learning_rate):
     return step
 
 
-def train(model, steps, learning_rate, seed, batch=32):
+def train(model, steps, learning_rate, seed, batch=32, jit_compile=None):
     """`steps` Adam steps of a tf.function GradientTape loop on the digits."""
     (x, y), _ = digits_util.digits_split()
-    step = adam_step(model, learning_rate)
+    step = adam_step(model, learning_rate, jit_compile)
 
     rng = np.random.RandomState(seed)
     loss = None
@@ -121,3 +137,28 @@ def train(model, steps, learning_rate, seed, batch=32):
 
 def accuracy(logits, labels):
     return float(np.mean(np.argmax(np.asarray(logits), -1) == labels))
+
+
+def assert_same_state(original, copy, x):
+    """`copy` has `original`'s variables (model, qat's ranges and step counter,
+    optimizer), value for value, and the same eval outputs on `x`."""
+    pairs = list(zip(original.variables, copy.variables))
+    optimizers = [getattr(m, "optimizer", None) for m in (original, copy)]
+    if all(o is not None for o in optimizers):
+        np.testing.assert_equal(len(optimizers[0].variables), len(optimizers[1].variables))
+        pairs += list(zip(optimizers[0].variables, optimizers[1].variables))
+    np.testing.assert_equal(len(original.variables), len(copy.variables))
+    for a, b in pairs:
+        np.testing.assert_array_equal(a.numpy(), b.numpy(),
+                                      err_msg=f"{_path(a)} differs from {_path(b)}")
+    np.testing.assert_array_equal(np.asarray(original(x, training=False)),
+                                  np.asarray(copy(x, training=False)))
+
+
+def quantization_step(qm) -> int:
+    """The value of qat's step counter of a quantized Keras model."""
+    return int(next(v for v in qm.rewriter.store.ordered if v.dtype == tf.int64).numpy())
+
+
+def _path(variable) -> str:
+    return getattr(variable, "path", None) or variable.name

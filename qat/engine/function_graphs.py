@@ -66,6 +66,13 @@ class VariableStore(object):
         """
         raise NotImplementedError
 
+    def statistic(self, name: str, dtype: tf.DType, shape: Sequence[int],
+                  initial_value: np.ndarray) -> tf.Variable:
+        """A count qat keeps about training (`<prefix>/skipped_batches`), made
+        like `variable`; owners may keep it out of the model's weights. By
+        default one of the `variable`s."""
+        return self.variable(name, dtype, shape, initial_value)
+
     def handles(self, variable: tf.Variable) -> Tuple[tf.Tensor, Sequence[tf.Tensor]]:
         """The handle this trace reads `variable` through, and further handles
         each of its updates is also written to (none for a plain variable)."""
@@ -195,8 +202,10 @@ def _capture(graph: tf.Graph, handle: tf.Tensor) -> tf.Tensor:
 
 
 def store_variable(graph: tf.Graph, name: str, dtype: tf.DType, shape,
-                   initial_value) -> tf.Variable:
+                   initial_value, statistic: bool = False) -> tf.Variable:
     """The active store's variable `name`, made outside the function if new.
+
+    `statistic`: made by the store's `statistic` (a count about training).
 
     Raises:
       RuntimeError: if no rewrite of a function graph is running.
@@ -210,7 +219,8 @@ def store_variable(graph: tf.Graph, name: str, dtype: tf.DType, shape,
     value = np.broadcast_to(np.asarray(initial_value, dtype.as_numpy_dtype),
                             tf.TensorShape(shape).as_list())
     with tf.init_scope(), tf.variable_creator_scope(_qat_variable):
-        return store.variable(name, dtype, list(value.shape), np.array(value))
+        make = store.statistic if statistic else store.variable
+        return make(name, dtype, list(value.shape), np.array(value))
 
 
 def _qat_variable(next_creator, **kwargs):

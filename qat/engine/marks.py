@@ -30,6 +30,8 @@ LOOP = "loop"
 CONSTANT_FILL = "constant_fill"
 # Training graphs: what a Rsqrt reads where its quantized input is 0.
 ZERO_GUARD = "zero_guard"
+# A quantized layer computing in float16 / bfloat16 and its casts (`qat.tf2.precision`).
+LOW_PRECISION = "low_precision"
 
 # The roles of ops a prepare pass puts in place of the user's: the model's own
 # computations, written by qat (not ranges, folds or other machinery).

@@ -149,7 +149,7 @@ class VariableEmitter(object):
 
     def variable(self, name: str, dtype: tf.DType, shape, initial_value: str,
                  device: str = "", trainable: bool = False,
-                 initial_array=None,
+                 initial_array=None, statistic: bool = False,
                  **attrs) -> Optional[variable_pb2.VariableDef]:
         """Adds variable `name` (a unique name) initialised from `initial_value`.
 
@@ -162,6 +162,8 @@ class VariableEmitter(object):
           trainable: the VariableDef's `trainable`.
           initial_array: the initial value as an array (broadcast to
             `shape`); what a `CAPTURED` variable is made with.
+          statistic: a count qat keeps about training, not a value the model
+            computes with (`CAPTURED`: made by the store's `statistic`).
           **attrs: further attributes of every op (e.g. the `_qat` mark).
 
         Returns:
@@ -174,7 +176,7 @@ class VariableEmitter(object):
         if self.kind == CAPTURED:
             graph = self._nodes.graph
             variable = function_graphs.store_variable(graph, name, dtype, shape,
-                                                      initial_array)
+                                                      initial_array, statistic=statistic)
             self.captured[name] = variable
             read, mirrors = function_graphs.captured_handles(graph, variable)
             self._handles[name] = self._nodes.external(read)
@@ -218,41 +220,50 @@ class VariableEmitter(object):
         return self._before[variable]
 
     def assign(self, scope: str, variable: str, value: str, device: str = "",
-               **attrs) -> str:
-        """`variable = value`; returns the node of the updated value."""
-        return self._update(scope, "Assign", variable, value, device, attrs)
+               control: Sequence[str] = (), **attrs) -> str:
+        """`variable = value`; returns the node of the updated value.
+
+        `control`: nodes the update runs after (their ops run with it).
+        """
+        return self._update(scope, "Assign", variable, value, device, attrs, control)
 
     def assign_sub(self, scope: str, variable: str, delta: str, device: str = "",
-                   **attrs) -> str:
+                   control: Sequence[str] = (), **attrs) -> str:
         """`variable -= delta`; returns the node of the updated value."""
-        return self._update(scope, "AssignSub", variable, delta, device, attrs)
+        return self._update(scope, "AssignSub", variable, delta, device, attrs, control)
 
     def assign_add(self, scope: str, variable: str, delta: str, device: str = "",
-                   **attrs) -> str:
-        """`variable += delta`; returns the node of the updated value."""
-        return self._update(scope, "AssignAdd", variable, delta, device, attrs)
+                   return_read: bool = True, **attrs) -> str:
+        """`variable += delta`; returns the node of the updated value, or
+        without `return_read` the update op (for control dependencies)."""
+        return self._update(scope, "AssignAdd", variable, delta, device, attrs,
+                            return_read=return_read)
 
     def _update(self, scope: str, op: str, variable: str, value: str, device: str,
-                attrs: dict) -> str:
+                attrs: dict, control: Sequence[str] = (), return_read: bool = True) -> str:
         dtype = self._dtypes[variable]
         node = self._nodes.node
         if self.is_resource:
             # Names as tf.compat.v1's resource-variable methods give them.
             name = scope if op == "Assign" else scope + "/" + op + "VariableOp"
             update = node(name, op + "VariableOp", [self._handle(variable), value],
-                          device=device, dtype=dtype, **attrs)
+                          device=device, control=list(control), dtype=dtype, **attrs)
             # The same update of every further component (equal before it).
             updates = [update] + [
                 node(self._nodes.unique_name("%s_mirror_%d" % (name, k)), op + "VariableOp",
                      [handle, value], device="", dtype=dtype, **attrs)
                 for k, handle in enumerate(self._mirrors.get(variable, ()), 1)]
+            if not return_read:
+                return update
             read = scope + ("/ReadVariableOp" if op == "Assign" else "/ReadVariableOp_1")
             return self._read(read, variable, device, updates, attrs)
-        control = [self.before_update(variable, device, **attrs)]
+        control = [self.before_update(variable, device, **attrs)] + list(control)
         extra = {"validate_shape": True} if op == "Assign" else {}
         name = scope if op == "Assign" else scope + "/" + op
         update = node(name, op, [variable, value], device=device, control=control,
                       T=dtype, use_locking=False, **extra, **attrs)
+        if not return_read:
+            return update
         # Read after the update, from the variable itself (as the resource
         # read is), so readers of the value find the variable behind it.
         return self._read(name + "/read", variable, device, [update], attrs)

@@ -4,15 +4,17 @@
 the pass's rewrite what connects them (the layer reads the folded weights, the
 batch norm's consumers the folded output) and, for training folds with a
 freeze delay, the shared `frozen` condition (`Freeze`), the moving-average
-updates switched off once frozen (`_freeze_update`) and, with `use_cond`, the
-functional cond that runs one branch (`_cond_output`). The structures are
-described in `qat.fold.fold_batch_norms`. Importing this module registers the
+updates switched off once frozen and, with `use_cond`, the functional cond
+that runs one branch (`_cond_output`). A training fold's updates also keep
+non-finite values out of the moving statistics (`_update_value`). The
+structures are described in `qat.fold.fold_batch_norms`. Importing this module registers the
 select_fold gradient ("QatFoldSelect").
 """
 from typing import Optional
 
 import tensorflow as tf
 
+from qat.engine import function_graphs
 from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
 from qat.fold import emit as emit_lib
@@ -61,33 +63,72 @@ class Freeze(object):
         return self._keep[dtype]
 
 
-def _freeze_update(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
-                   freeze: Freeze, rewrite: rewrite_lib.Rewrite) -> None:
-    """Switches a moving-average update off once the batch norm is frozen."""
+def _update_value(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
+                  freeze: Optional[Freeze], rewrite: rewrite_lib.Rewrite) -> None:
+    """What a training fold's moving-average update writes.
+
+    Where this batch's statistics are not finite (a NaN or infinite input
+    value) the moving statistics keep their value, channel by channel: the
+    training fold scales the weights by the moving variance, so one NaN in
+    it would end training where the float model's batch statistics do not
+    (`qat.quantize.emit.finite_ranges` does the same for ranges). With a
+    freeze delay the update is switched off once frozen: the delta of an
+    AssignSub / AssignSubVariableOp becomes 0, an Assign / AssignVariableOp
+    assigns the current value.
+    """
     op, nodes = update.op, rewrite.nodes
-    value = op.inputs[1]
-    dtype = value.dtype.base_dtype
+    dtype = op.inputs[1].dtype.base_dtype
     scope = op.name.rpartition("/")[0]
-    name = nodes.unique_name((scope + "/" if scope else "") + "freeze_fold")
+    scope = scope + "/" if scope else ""
+    name = nodes.unique_name(scope + "finite_fold")
+    current = None
+    if not update.is_delta:
+        current = _current_value(update, bn, rewrite, name, dtype, new_read=freeze is not None)
+        if current is None:
+            return  # No read of the statistic to keep (see _current_value).
+    value = nodes.external(op.inputs[1])
+    finite = nodes.node(name + "/IsFinite", "IsFinite", [value], device=op.device, T=dtype)
     if update.is_delta:
-        new = nodes.node(name, "Mul", [nodes.external(value), freeze.keep(dtype)],
-                         device=op.device, T=dtype)
+        key = ("finite_fold_zero", dtype)
+        if key not in rewrite.memo:
+            rewrite.memo[key] = nodes.const(nodes.unique_name("fold_batch_norms/zero"), 0, dtype)
+        new = nodes.node(name, "SelectV2", [finite, value, rewrite.memo[key]], device=op.device,
+                         T=dtype)
+        if freeze is not None:
+            new = nodes.node(nodes.unique_name(scope + "freeze_fold"), "Mul",
+                             [new, freeze.keep(dtype)], device=op.device, T=dtype)
     else:
-        is_mean = (bn.mean_variable is not None
-                   and bn_lib.same_tensor(update.variable, bn.mean_variable))
-        current = bn.moving_mean if is_mean else bn.moving_variance
-        if current is not None:
-            current = nodes.external(current)
-        elif update.variable.dtype == tf.resource:
-            current = nodes.node(name + "/ReadVariableOp", "ReadVariableOp",
-                                 [nodes.external(update.variable)], device=op.device,
-                                 dtype=dtype)
-        else:
-            current = nodes.node(name + "/Identity", "Identity",
-                                 [nodes.external(update.variable)], device=op.device, T=dtype)
-        new = nodes.node(name, "SelectV2", [freeze.frozen, current, nodes.external(value)],
-                         device=op.device, T=dtype)
+        new = nodes.node(name, "SelectV2", [finite, value, current], device=op.device, T=dtype)
+        if freeze is not None:
+            new = nodes.node(nodes.unique_name(scope + "freeze_fold"), "SelectV2",
+                             [freeze.frozen, current, new], device=op.device, T=dtype)
     rewrite.reroute(op, 1, new)
+
+
+def _current_value(update: bn_lib.MovingAverageUpdate, bn: bn_lib.BatchNorm,
+                   rewrite: rewrite_lib.Rewrite, name: str, dtype: tf.DType,
+                   new_read: bool) -> Optional[str]:
+    """The updated moving statistic's value before the update.
+
+    The batch norm's own read of it, else a new read. In a function graph a
+    new read made after the update would be ordered after it by TensorFlow's
+    automatic control dependencies, a cycle through the update's value: there
+    a new read is made only when `new_read` (a freeze delay, which needs it),
+    otherwise None.
+    """
+    op, nodes = update.op, rewrite.nodes
+    is_mean = (bn.mean_variable is not None
+               and bn_lib.same_tensor(update.variable, bn.mean_variable))
+    current = bn.moving_mean if is_mean else bn.moving_variance
+    if current is not None:
+        return nodes.external(current)
+    if function_graphs.is_function_graph(rewrite.graph) and not new_read:
+        return None
+    if update.variable.dtype == tf.resource:
+        return nodes.node(name + "/ReadVariableOp", "ReadVariableOp",
+                          [nodes.external(update.variable)], device=op.device, dtype=dtype)
+    return nodes.node(name + "/Identity", "Identity", [nodes.external(update.variable)],
+                      device=op.device, T=dtype)
 
 
 def _cond_output(plan: fold_plan.FoldPlan, emitted: emit_lib.Emitted,
@@ -134,11 +175,11 @@ def wire(plan: fold_plan.FoldPlan, emitted: emit_lib.Emitted, rewrite: rewrite_l
         rewrite.reroute(layer_op, 1, emitted.weights)
         rewrite.reroute_consumers(plan.layer_output, emitted.unscaled, plan.old_consumers)
     output = emitted.select or emitted.folded
-    if plan.training and freeze is not None:
-        if use_cond:
+    if plan.training:
+        if freeze is not None and use_cond:
             output = _cond_output(plan, emitted, rewrite, freeze.frozen)
         for update in bn.updates:
-            _freeze_update(update, bn, freeze, rewrite)
+            _update_value(update, bn, freeze, rewrite)
     if output is not None:
         rewrite.reroute_consumers(bn.output, output, emitted.bn_consumers)
     return output

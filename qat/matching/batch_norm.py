@@ -170,14 +170,18 @@ def _find_updates(statistic: tf.Tensor) -> List[Tuple[MovingAverageUpdate, Optio
 
 
 def _read_in_new_value(value: tf.Tensor, variable: tf.Tensor) -> Optional[tf.Tensor]:
-    """The read of `variable` a new value `old * m + batch * (1 - m)` is made of."""
+    """The read of `variable` a new value `old * m + batch * (1 - m)` is made of.
+
+    Through the selects of a training fold (`qat.fold.wire`: the current
+    value where the batch's is not finite, or once frozen).
+    """
     stack, depth = [value], 0
     while stack and depth < _MAX_UPDATE_DEPTH:
         nxt = []
         for t in stack:
             if _reads_variable(t, variable):
                 return t
-            if t.op.type in ("Add", "AddV2", "Mul", "Cast", "Identity"):
+            if t.op.type in ("Add", "AddV2", "Mul", "Cast", "Identity", "Select", "SelectV2"):
                 nxt.extend(t.op.inputs)
         stack, depth = nxt, depth + 1
     return None

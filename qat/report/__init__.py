@@ -3,6 +3,8 @@
   coverage   -> layers, batch norms, quantizers and ranges, tensors left float
   numerics   -> per-layer SQNR of QAT vs float and TFLite vs the eval graph
   summaries  -> TensorBoard summaries of the ranges and weights while training
+  skipped_batches -> the batches each range skipped (NaN or infinite values),
+                warned about once
   plots      -> PNG pictures of the above (matplotlib, imported when drawing:
                 pip install qat[report])
   tf2_models -> coverage and numerics of a quantized TF 2 model
@@ -26,6 +28,7 @@ from qat.report.numerics import sqnr_db
 from qat.report.plots import Plot
 from qat.report.plots import plot_range_history
 from qat.report.plots import plot_sqnr
+from qat.report.skipped_batches import read_skipped_batches
 from qat.report.summaries import add_range_summaries
 from qat.report.summaries import range_history
 from qat.report.summaries import read_scalars
@@ -37,5 +40,5 @@ __all__ = [
     "TensorNumerics", "add_range_summaries", "bypass_fake_quants", "coverage_report",
     "coverage_report_from_files", "coverage_report_of_model", "layer_numerics", "layer_numerics_from_files",
     "layer_numerics_from_session", "layer_numerics_of_model", "load_graph", "plot_range_history", "plot_sqnr",
-    "range_history", "read_scalars", "sqnr_db", "write_reports",
+    "range_history", "read_scalars", "read_skipped_batches", "sqnr_db", "write_reports",
 ]

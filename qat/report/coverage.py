@@ -4,7 +4,9 @@
   * every layer op with its batch norm (folded, how, or why not), its weight
     quantizer and its activation quantizer;
   * every quantizer: role, bits, per-channel, narrow range, symmetric, and
-    its range values (from a live session or a checkpoint);
+    its range values (from a live session or a checkpoint), with the
+    training batches its range skipped because their values were not finite
+    (`qat.report.skipped_batches`: also warned about, once per range);
   * every float tensor left on the data path, with the reason
     (`qat.report.float_tensors`).
 `coverage_report_from_files` does the same for a saved eval graph (.meta,
@@ -20,6 +22,7 @@ import tensorflow as tf
 from qat.export import freeze
 from qat.export.errors import GraphLoadError
 from qat.report import float_tensors as float_lib
+from qat.report import skipped_batches as skipped_lib
 from qat.tflite import graph_structure as structure
 
 
@@ -38,6 +41,9 @@ class QuantizerInfo:
     max: Optional[float] = None       # Per-channel: the largest channel maximum.
     channels: Optional[int] = None
     symmetric: Optional[bool] = None  # min == -max, from the values.
+    # Training batches its range skipped (NaN or infinite values); None: unknown
+    # (no counter: an eval graph's session, a range it shares).
+    skipped_batches: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -79,6 +85,10 @@ class CoverageReport:
             for f in self.float_tensors:
                 codes[f.code] = codes.get(f.code, 0) + 1
             lines[-1] += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(codes.items())) + ")"
+        skipped = [q for q in self.quantizers if q.skipped_batches]
+        if skipped:
+            lines.append("batches skipped by ranges (NaN or infinite values): "
+                         + ", ".join(f"{q.name}: {q.skipped_batches}" for q in skipped))
         return lines
 
     def format(self) -> str:
@@ -218,6 +228,10 @@ def coverage_report(graph: tf.Graph,
                      or any(c in path for c in op.outputs[0].consumers())]
     reader = tf.train.load_checkpoint(checkpoint) if checkpoint and sess is None else None
     values = structure.quantizer_values(quantizer_ops, sess=sess, reader=reader)
+    range_names = {q.name: q.min_variable.rsplit("/", 1)[0]
+                   for q in quantizer_ops if q.min_variable and "/" in q.min_variable}
+    skipped = skipped_lib.counts_in_graph(graph, sess=sess, reader=reader,
+                                          ranges=set(range_names.values()))
     weight_quantizers = {}
     layer_infos = []
     bn_by_variable = structure.batch_norms_by_variable(graph)
@@ -239,6 +253,15 @@ def coverage_report(graph: tf.Graph,
             reason))
     quantizers = [_quantizer_info(q, "weights" if q.op in weight_quantizers else "activation",
                                   values) for q in quantizer_ops]
+    tensors = {}
+    for info in quantizers:
+        # Counted by the quantizer owning the range (the others read it).
+        name = range_names.get(info.name)
+        if name == info.name and name in skipped:
+            info.skipped_batches = skipped[name]
+            tensors[name] = info.tensor
+    skipped_lib.warn({q.name: q.skipped_batches for q in quantizers if q.skipped_batches},
+                     tensors)
     floats = float_lib.find_float_tensors(graph, path, tails, scope)
     for layer in layers:  # Float weights: TFLite needs a range for them too.
         if structure.quantizer_reading(structure.weight_tensor(layer)) is None:

@@ -2,7 +2,10 @@
 
 `add_range_summaries` adds, to a graph qat rewrote, one scalar summary per
 range variable (tag: the variable's name, e.g. `net/conv1/act_quant/min`;
-per-channel ranges: the smallest minimum / largest maximum) and a histogram
+per-channel ranges: the smallest minimum / largest maximum), one scalar per
+range's count of skipped batches in training graphs (tag
+`<prefix>/skipped_batches`: batches whose values were not finite, which the
+range did not learn from, `qat.quantize.emit.finite_ranges`) and a histogram
 of every quantized layer's weight variable, so a training run shows its ranges
 settling. `read_scalars` reads the scalars back from the event files.
 """
@@ -12,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from qat.quantize.emit import finite_ranges
 from qat.tflite import graph_structure as structure
 
 WEIGHT_HISTOGRAM_PREFIX = "weights/"
@@ -34,7 +38,7 @@ def _read(graph: tf.Graph, variable: str) -> Optional[tf.Tensor]:
 
 def add_range_summaries(graph: Optional[tf.Graph] = None, weight_histograms: bool = True,
                         collections: Optional[Sequence[str]] = None) -> Optional[tf.Tensor]:
-    """Adds summaries of every range variable and quantized weight tensor.
+    """Adds summaries of every range variable, skipped-batch count and quantized weight tensor.
 
     Call it after the rewrite (`qat.create_training_graph` & co). The
     summaries read the variables directly (not the FakeQuant's min/max
@@ -79,6 +83,9 @@ def add_range_summaries(graph: Optional[tf.Graph] = None, weight_histograms: boo
                 value = _read(graph, variable) if variable else tensor
                 value = reduce(value) if value.shape.rank else value
                 summaries.append(tf.raw_ops.ScalarSummary(tags=tag, values=value))
+        for counter in graph.get_collection(finite_ranges.SKIPPED_BATCHES_COLLECTION):
+            summaries.append(tf.raw_ops.ScalarSummary(
+                tags=counter.op.name, values=_read(graph, counter.op.name)))
         if weight_histograms:
             for variable in weight_variables:
                 value = _read(graph, variable)

@@ -24,13 +24,20 @@ def coverage_report_of_model(model) -> coverage_lib.CoverageReport:
         eval rewrite.
 
     Returns:
-      A CoverageReport (ranges read from the frozen constants).
+      A CoverageReport (ranges read from the frozen constants; for a model,
+      each range's skipped batches from its counters, warned about once).
     """
     frozen = functions.freeze_function(functions.concrete_function_of(model))
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(frozen.graph_def, name="")
-    return coverage_lib.coverage_report(graph, outputs=frozen.output_names)
+    report = coverage_lib.coverage_report(graph, outputs=frozen.output_names)
+    skipped = getattr(model, "skipped_batches", None)
+    if callable(skipped):
+        counts = skipped()
+        for q in report.quantizers:
+            q.skipped_batches = counts.get(q.name, q.skipped_batches)
+    return report
 
 
 def layer_numerics_of_model(model, samples, tflite: Optional[bytes] = None,

@@ -3,17 +3,28 @@
 Keras 3 (tf.keras on TF 2.21) and tf_keras (`TF_USE_LEGACY_KERAS=1`) each get
 a `Model` subclass whose `call` runs qat's training or eval function and
 whose ranges are non-trainable weights (`add_weight`), so `compile`, `fit`,
-`evaluate`, `save_weights` and checkpoints work on it as on the model. The
-classes are made on first use: a process that never quantizes a Keras model
-imports neither Keras.
+`evaluate`, `save_weights` and checkpoints work on it as on the model. Each
+class is a registered serializable class of its Keras (`qat>QuantizedKerasModel`):
+`model.save("x.keras")` writes its config and `load_model` rebuilds it
+(`qat.tf2.keras_files`). The classes are made when their Keras is imported
+(`qat.tf2.keras_registration`): a process that never imports a Keras makes
+neither.
 """
 import functools
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
+from qat.tf2 import calls
+from qat.tf2 import keras_files
+from qat.tf2 import options as options_lib
+from qat.tf2 import precision as precision_lib
 from qat.tf2 import ranges
+from qat.tf2 import replicas
 from qat.tf2 import rewriter as rewriter_lib
+
+REGISTERED_PACKAGE = "qat"
 
 
 class _Hidden(object):
@@ -23,8 +34,9 @@ class _Hidden(object):
         self.value = value
 
 
-def _methods(base):
-    """The methods both Keras flavours share, on `base` (their Model)."""
+def _methods(base, saving):
+    """The methods both Keras flavours share, on `base` (their Model); `saving`
+    is that Keras's saving module."""
 
     class QuantizedKerasModel(base):
         """A Keras model with qat's rewrites (from `qat.quantize_model`).
@@ -34,29 +46,68 @@ def _methods(base):
         trains the model's own weights and learns the ranges.
         """
 
-        def __init__(self, model, call, configs, name=None):
-            super().__init__(name=name or "quantized_" + model.name)
+        def __init__(self, model, call: calls.ModelCall,
+                     options: options_lib.QuantizeOptions, name: Optional[str] = None):
+            # The model's dtype policy (Keras's compile wraps a mixed_float16
+            # model's optimizer in a LossScaleOptimizer), without casting the
+            # inputs to its compute dtype: `call` casts them to the signature's.
+            super().__init__(name=name or "quantized_" + model.name,
+                             dtype=model.dtype_policy, autocast=False)
             self.model = model
+            self._qat_options = _Hidden(options)
             # TensorFlow's checkpoints and SavedModels reach a variable
             # through attributes; Keras's weight lists are not such.
             self.qat_ranges = ranges.RangeHolder()
-            store = ranges.RangeStore(self._make_variable, call.name)
-            self._qat = _Hidden(rewriter_lib.FunctionRewriter(call, configs, store))
+            # Skipped-batch counters: checkpointed, not Keras weights (weight
+            # files keep their layout).
+            self.qat_statistics = ranges.RangeHolder("qat_statistics")
+            store = ranges.RangeStore(
+                self._make_variable, call.name,
+                functools.partial(ranges.make_statistic, self.qat_statistics))
+            precision = precision_lib.Precision(model, calls.keras_flavour(model))
+            self._qat = _Hidden(rewriter_lib.FunctionRewriter(
+                call, options.rewrite_configs(), store, precision))
             self._qat.value.plan()
             self.built = True
+
+        def get_config(self):
+            """The model's config, its input signature and quantize_model's options
+            (`qat.tf2.keras_files`), for `save("x.keras")`."""
+            return keras_files.model_config(self, saving)
+
+        @classmethod
+        def from_config(cls, config, custom_objects=None):
+            """The model rebuilt from its config and quantized again as it was."""
+            loaded = keras_files.load_config(config, saving, custom_objects)
+            call = calls.model_call(loaded.model, loaded.input_signature)
+            return quantize(loaded.model, call, loaded.options, name=loaded.name)
 
         def _make_variable(self, name, dtype, shape, initial_value):
             value = np.asarray(initial_value, dtype.as_numpy_dtype)
             weight = self.add_weight(
                 name=name.replace("/", "."), shape=tuple(shape), dtype=dtype.name,
-                initializer=functools.partial(_constant, value), trainable=False)
+                initializer=functools.partial(_constant, value), trainable=False,
+                autocast=False)  # Ranges stay float32 under a mixed policy.
             variable = _tf_variable(weight)
             self.qat_ranges.ordered.append(variable)
             return variable
 
+        def fit(self, *args, **kwargs):
+            """Keras's `fit`; then warns once of each range that skipped batches
+            whose values were not finite (`skipped_batches`)."""
+            history = super().fit(*args, **kwargs)
+            self._qat.value.skipped_batches()
+            return history
+
+        def skipped_batches(self):
+            """{range: training batches it skipped}: see
+            `qat.tf2.rewriter.FunctionRewriter.skipped_batches`."""
+            return self._qat.value.skipped_batches()
+
         def call(self, inputs, training=None):
             flat = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-            return self._qat.value(flat, bool(training))
+            rewriter = self._qat.value
+            return rewriter(_as_signature_dtypes(flat, rewriter.call.signature), bool(training))
 
         def _trackable_children(self, save_type="checkpoint", **kwargs):
             children = super()._trackable_children(save_type, **kwargs)
@@ -86,6 +137,11 @@ def _methods(base):
             return self._qat.value
 
         @property
+        def quantize_options(self) -> options_lib.QuantizeOptions:
+            """The options `quantize_model` was given."""
+            return self._qat_options.value
+
+        @property
         def left_float(self):
             """What the rewrite left float, each with the reason (as the graph path
             logs it): batch norms not folded, layers it cannot reach."""
@@ -99,7 +155,49 @@ def _methods(base):
             """
             return self._qat.value.inference_function()
 
-    return QuantizedKerasModel
+    return saving.register_keras_serializable(package=REGISTERED_PACKAGE)(QuantizedKerasModel)
+
+
+def quantize(model, call: calls.ModelCall, options: options_lib.QuantizeOptions,
+             name: Optional[str] = None):
+    """`quantize_model` of the Keras model `model` (called as `call` says).
+
+    Raises:
+      ValueError / TypeError: as `qat.quantize_model`.
+    """
+    _build(model, call)
+    # Under tf.distribute: qat's variables mirrored as the model's are.
+    with replicas.creation_scope(model):
+        return model_class(calls.keras_flavour(model))(model, call, options, name=name)
+
+
+def _build(model, call: calls.ModelCall) -> None:
+    """Builds a subclassed Keras model's weights eagerly, outside the trace."""
+    if model.built and model.weights:
+        return
+    zeros = [tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)
+             for spec in call.signature]
+    try:
+        call(zeros, training=False)
+    except (ValueError, TypeError) as e:
+        raise type(e)(
+            f"qat.quantize_model({call.name}): calling the model on input_signature "
+            f"{call.signature} failed: {e}") from e
+
+
+def _as_signature_dtypes(inputs, signature):
+    """Float inputs cast to their signature's float dtype, as Keras casts a
+    model's inputs to its compute dtype (the quantized model's functions take
+    the signature's dtypes, whatever its policy's compute dtype)."""
+    cast = []
+    for k, x in enumerate(inputs):
+        wanted = signature[k].dtype if k < len(signature) else None
+        dtype = getattr(x, "dtype", None)
+        if (wanted is not None and wanted.is_floating and dtype is not None
+                and tf.as_dtype(dtype).is_floating and tf.as_dtype(dtype) != wanted):
+            x = tf.cast(x, wanted)
+        cast.append(x)
+    return cast
 
 
 def _tf_variable(weight) -> tf.Variable:
@@ -117,6 +215,6 @@ def model_class(flavour: str):
     """The quantized model class of "keras" (Keras 3) or "tf_keras"."""
     if flavour == "keras":
         import keras  # pylint: disable=import-outside-toplevel
-        return _methods(keras.Model)
+        return _methods(keras.Model, keras.saving)
     import tf_keras  # pylint: disable=import-outside-toplevel
-    return _methods(tf_keras.Model)
+    return _methods(tf_keras.Model, tf_keras.saving)

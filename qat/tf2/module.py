@@ -1,4 +1,7 @@
 """The quantized model of a `tf.Module` or a callable: a `tf.Module` itself."""
+import functools
+from typing import Dict
+
 import numpy as np
 import tensorflow as tf
 
@@ -29,10 +32,13 @@ class QuantizedModule(tf.Module):
         super().__init__(name=name)
         self.model = model
         self.qat_ranges = ranges.RangeHolder()
+        self.qat_statistics = ranges.RangeHolder("qat_statistics")
         # A plain callable's variables are found by tracing it; kept here so
         # `trainable_variables` lists them.
         self.model_variables = []
-        store = ranges.RangeStore(self._make_variable, call.name)
+        store = ranges.RangeStore(
+            self._make_variable, call.name,
+            functools.partial(ranges.make_statistic, self.qat_statistics))
         self._qat = _Hidden(rewriter_lib.FunctionRewriter(call, configs, store))
         self._qat.value.plan()
         if not isinstance(model, tf.Module):
@@ -48,6 +54,10 @@ class QuantizedModule(tf.Module):
     def __call__(self, *inputs, training: bool = False):
         return self._qat.value(inputs, training)
 
+    def skipped_batches(self) -> Dict[str, int]:
+        """{range: training batches it skipped}: see `FunctionRewriter.skipped_batches`."""
+        return self._qat.value.skipped_batches()
+
     @property
     def rewriter(self) -> rewriter_lib.FunctionRewriter:
         """The training and eval functions, and what each trace left float."""
@@ -59,6 +69,20 @@ class QuantizedModule(tf.Module):
         logs it): batch norms not folded, layers it cannot reach."""
         rewriter = self._qat.value
         return sorted(set(rewriter.left_float[True]) | set(rewriter.left_float[False]))
+
+    def save(self, filepath, *args, **kwargs):
+        """Refused: Keras's model files (`.keras`) hold Keras models only.
+
+        Raises:
+          TypeError: always, saying how this model is saved.
+        """
+        del args, kwargs
+        raise TypeError(
+            f"qat: cannot save {filepath!r}: the quantized model of a tf.Module or a function "
+            "is a tf.Module, not a Keras model, and Keras's model files hold Keras models "
+            "only. Save it with tf.train.Checkpoint(model=qm).save(path) (it restores into "
+            "qat.quantize_model of a freshly built model) or tf.saved_model.save(qm, path) "
+            "(serving_default is the eval rewrite).")
 
     def inference_function(self) -> tf.types.experimental.ConcreteFunction:
         """The eval rewrite as a concrete function, for TF 2's TFLite converter.

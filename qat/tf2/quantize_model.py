@@ -3,10 +3,10 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from qat.engine import config as config_lib
 from qat.tf2 import calls
 from qat.tf2 import keras_models
 from qat.tf2 import module as module_lib
+from qat.tf2 import options as options_lib
 from qat.tf2 import replicas
 
 
@@ -72,14 +72,25 @@ def quantize_model(model,
 
     Returns:
       The quantized model `qm`: for a Keras model, a Keras model of the same
-      Keras (`compile`, `fit`, `evaluate`, `save_weights` work); otherwise a
+      Keras (`compile`, `fit`, `evaluate`, `save_weights` work, and
+      `qm.save("x.keras")`: `keras.models.load_model` rebuilds the model from
+      its config and quantizes it again with these options); otherwise a
       `tf.Module`. `qm(*inputs, training=True)` (Keras: `qm(x, training=True)`)
       runs the training rewrite, `training=False` the eval rewrite; both are
       differentiable and callable eagerly or inside a `tf.function`.
       `qm.trainable_variables` are the model's own variables (training `qm`
       trains `model`); the ranges are non-trainable variables of `qm`.
       `qm.inference_function()` is the eval rewrite as a concrete function
-      for `tf.lite.TFLiteConverter.from_concrete_functions`.
+      for `tf.lite.TFLiteConverter.from_concrete_functions`. A training batch
+      whose min or max is NaN or infinite at a range leaves the range as it
+      was; `qm.skipped_batches()` counts such batches per range and warns once
+      of each range that skipped any.
+
+      A Keras model under a `mixed_float16` / `mixed_bfloat16` policy is
+      traced computing in float32 (the eval function and the export are
+      its float32 twin's), and in training its quantized layers compute in
+      their layers' dtype (`qat.tf2.precision`); `qm` keeps the model's
+      policy, so `compile` adds Keras's loss scaling.
 
       Under a `tf.distribute.MirroredStrategy` (call `quantize_model` inside
       `strategy.scope()`, or on a model built there), the ranges are
@@ -95,34 +106,14 @@ def quantize_model(model,
       TypeError: a model that is not callable, a signature entry that is not
         a `tf.TensorSpec`, flags of the wrong type.
     """
-    settings = dict(weight_bits=weight_bits, activation_bits=activation_bits,
-                    symmetric=symmetric, scope=scope, symmetric_weights=symmetric_weights,
-                    per_channel_weights=per_channel_weights)
-    configs = {
-        True: config_lib.RewriteConfig(is_training=True, quant_delay=quant_delay,
-                                       freeze_bn_delay=freeze_bn_delay, **settings),
-        False: config_lib.RewriteConfig(is_training=False, **settings),
-    }
+    options = options_lib.QuantizeOptions(
+        weight_bits=weight_bits, activation_bits=activation_bits, symmetric=symmetric,
+        quant_delay=quant_delay, freeze_bn_delay=freeze_bn_delay, scope=scope,
+        symmetric_weights=symmetric_weights, per_channel_weights=per_channel_weights)
+    configs = options.rewrite_configs()
     call = calls.model_call(model, input_signature)
-    flavour = calls.keras_flavour(model)
-    if flavour is not None:
-        _build_keras_model(model, call)
+    if calls.is_keras_model(model):
+        return keras_models.quantize(model, call, options)
     # Under tf.distribute: qat's variables mirrored as the model's are.
     with replicas.creation_scope(model):
-        if flavour is not None:
-            return keras_models.model_class(flavour)(model, call, configs)
         return module_lib.QuantizedModule(model, call, configs)
-
-
-def _build_keras_model(model, call: calls.ModelCall) -> None:
-    """Builds a subclassed Keras model's weights eagerly, outside the trace."""
-    if model.built and model.weights:
-        return
-    zeros = [tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)
-             for spec in call.signature]
-    try:
-        call(zeros, training=False)
-    except (ValueError, TypeError) as e:
-        raise type(e)(
-            f"qat.quantize_model({call.name}): calling the model on input_signature "
-            f"{call.signature} failed: {e}") from e

@@ -14,11 +14,18 @@ plan made them, which is the same for every model built from the same code:
 a checkpoint restores into a freshly built quantized model whatever names
 Keras gave its layers in that process.
 
+Each range's count of skipped batches (`<prefix>/skipped_batches`,
+`qat.quantize.emit.finite_ranges`) is a statistic, not a weight: the owner
+makes it apart (`make_statistic`), a plain `tf.Variable` its checkpoints
+hold, so the model's weight lists and weight files keep the layout they had
+before the counters existed, and an older checkpoint restores (its counters
+start at 0).
+
 Under a `tf.distribute` strategy the variables are mirrored and each
 replica's trace uses its own component; the replicas' range statistics are
 combined before every update (`qat.tf2.replicas`).
 """
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -40,13 +47,19 @@ class RangeStore(function_graphs.VariableStore):
     Args:
       make: makes a variable (called outside any function).
       model_name: the model's name, for messages.
+      make_statistic: makes a statistic (a skipped-batch counter); default:
+        `make`.
     """
 
-    def __init__(self, make: MakeFn, model_name: str):
+    def __init__(self, make: MakeFn, model_name: str,
+                 make_statistic: Optional[MakeFn] = None):
         self._make = make
+        self._make_statistic = make_statistic or make
         self._model_name = model_name
         self._by_name: Dict[str, tf.Variable] = {}
         self.ordered: List[tf.Variable] = []
+        # {name: counter}, in plan order (also in `ordered`).
+        self.statistics: Dict[str, tf.Variable] = {}
         self.planning = True
 
     def __len__(self) -> int:
@@ -55,7 +68,7 @@ class RangeStore(function_graphs.VariableStore):
     def names(self) -> List[str]:
         return list(self._by_name)
 
-    def variable(self, name, dtype, shape, initial_value):
+    def variable(self, name, dtype, shape, initial_value, make=None):
         found = self._by_name.get(name)
         if found is None:
             if not self.planning:
@@ -67,7 +80,7 @@ class RangeStore(function_graphs.VariableStore):
                     "calls, or layers called only sometimes). qat plans ranges once; "
                     "write such branches with tf.cond on a tensor, or quantize a model "
                     "whose every call runs the same layers.")
-            found = self._make(name, dtype, list(shape), initial_value)
+            found = (make or self._make)(name, dtype, list(shape), initial_value)
             self._by_name[name] = found
             self.ordered.append(found)
         elif (found.dtype.base_dtype != dtype
@@ -78,16 +91,30 @@ class RangeStore(function_graphs.VariableStore):
                 f"{found.shape.as_list()} (the model's shapes differ between calls).")
         return found
 
+    def statistic(self, name, dtype, shape, initial_value):
+        found = self.variable(name, dtype, shape, initial_value, make=self._make_statistic)
+        self.statistics[name] = found
+        return found
+
     def handles(self, variable):
         """Under a strategy: its replica's component (`qat.tf2.replicas`)."""
         return replicas.variable_handles(variable)
-
 
 
 class RangeHolder(tf.Module):
     """Tracks a quantized model's variables in plan order, for TensorFlow's
     checkpoints and SavedModels (`ordered`)."""
 
-    def __init__(self):
-        super().__init__(name="qat_ranges")
+    def __init__(self, name: str = "qat_ranges"):
+        super().__init__(name=name)
         self.ordered = []
+
+
+def make_statistic(holder: RangeHolder, name: str, dtype: tf.DType, shape: Sequence[int],
+                   initial_value: np.ndarray) -> tf.Variable:
+    """A statistic of a quantized model: a plain non-trainable `tf.Variable`
+    tracked by `holder` (so checkpoints hold it, and no weight list)."""
+    variable = tf.Variable(np.asarray(initial_value, dtype.as_numpy_dtype), trainable=False,
+                           name=name, shape=shape)
+    holder.ordered.append(variable)
+    return variable

@@ -11,9 +11,27 @@ every planner rule included — on the graph while it is still being traced
 The training function folds batch norms with batch statistics and learns
 ranges; the eval function folds with the moving statistics and reads them.
 Both read the same variables (`qat.tf2.ranges.RangeStore`), made by the
-first trace of the training function (`plan`).
+first trace of the training function (`plan`). A Keras model under a mixed
+precision policy is traced computing in float32, and the training function's
+quantized layers then compute in their layers' dtype (`qat.tf2.precision`).
+The training function also counts, per range, the batches whose values were
+not finite (`skipped_batches`); Python reads the counters where it runs
+anyway (an eager training call, Keras's `fit`, `inference_function`) and
+warns once per range, so the training function itself stays free of host ops.
+
+Under XLA. A training call made in an XLA context (a
+`tf.function(jit_compile=True)`: Keras's `jit_compile`, a custom step)
+goes to a training function of its own, whose traces are marked as compiled
+by XLA (`qat.engine.xla_compilation`): the gradients of their quantizers take
+the form XLA compiles. A `tf.function` reuses a trace made outside XLA inside
+XLA, and builds a trace's gradient once, so the mode cannot be told apart
+later, inside one function. Its outputs pass through
+`xla_compilation.function_outputs`, so that its gradient reads no constant
+from it (XLA would otherwise fold the whole call in and compile every step
+anew). The eval function has no gradient of qat's and serves both.
 """
-from typing import Dict, List, Sequence
+import contextlib
+from typing import Dict, List, Optional, Sequence
 
 from absl import logging
 import tensorflow as tf
@@ -21,8 +39,11 @@ import tensorflow as tf
 from qat import api
 from qat.engine import config as config_lib
 from qat.engine import function_graphs
+from qat.engine import xla_compilation
 from qat.matching import layer_patterns
+from qat.report import skipped_batches as skipped_lib
 from qat.tf2 import calls
+from qat.tf2 import precision as precision_lib
 from qat.tf2 import ranges
 from qat.tf2 import replicas
 
@@ -34,12 +55,16 @@ class FunctionRewriter(object):
       call: the model and how to call it.
       configs: {training: the validated RewriteConfig of that mode}.
       store: where the ranges live.
+      precision: a Keras model's layer dtypes; None for a model without
+        Keras layers (traced as it computes).
     """
 
     def __init__(self, call: calls.ModelCall,
                  configs: Dict[bool, config_lib.RewriteConfig],
-                 store: ranges.RangeStore):
+                 store: ranges.RangeStore,
+                 precision: Optional[precision_lib.Precision] = None):
         self.call = call
+        self.precision = precision if precision is not None and precision.is_mixed else None
         # Keras models name their ops after themselves; a tf.Module or a
         # function is scoped by its name, so its ranges are `<name>/...`.
         self.scope = "" if call.inputs_as_one else _identifier(call.name) + "/"
@@ -50,21 +75,53 @@ class FunctionRewriter(object):
             training: tf.function(self._traced(training), input_signature=call.signature,
                                   autograph=True)
             for training in (True, False)}
+        # Training calls made in an XLA context (made on the first such call).
+        self._xla_training = None
         # Per mode, of its latest trace: what was left float, and why.
         self.left_float: Dict[bool, List[str]] = {True: [], False: []}
         self.quantizer_names: Dict[bool, List[str]] = {True: [], False: []}
+        # Of the latest training trace: the layer ops computing in float16 /
+        # bfloat16 (`qat.tf2.precision`), by the names of the float32 ops.
+        self.low_precision_layers: List[str] = []
         self.model_variables: List[tf.Variable] = []
+        # {range name: the tensor it quantizes}, of the training trace.
+        self.range_tensors: Dict[str, str] = {}
+        self._read_counters: Optional[tf.types.experimental.GenericFunction] = None
         self._planned_layers = set()
         self._error = None
 
-    def _traced(self, training: bool):
+    def _traced(self, training: bool, xla: bool = False):
         def quantized_model(*inputs):
-            with tf.name_scope(self.scope):
+            if xla:
+                xla_compilation.mark_compiled(tf.compat.v1.get_default_graph())
+            float32 = (self.precision.float32_trace() if self.precision is not None
+                       else contextlib.nullcontext())
+            with tf.name_scope(self.scope), float32:
                 outputs = self.call(list(inputs), training)
-            return self._rewrite(outputs, training)
-        quantized_model.__name__ = "%s_%s" % (_identifier(self.call.name),
-                                              "training" if training else "eval")
+            outputs = self._rewrite(outputs, training)
+            if xla:
+                outputs = tf.nest.pack_sequence_as(
+                    outputs, xla_compilation.function_outputs(tf.nest.flatten(outputs)))
+            return outputs
+        quantized_model.__name__ = "%s_%s%s" % (_identifier(self.call.name),
+                                                "training" if training else "eval",
+                                                "_xla" if xla else "")
         return quantized_model
+
+    @property
+    def xla_function(self):
+        """The training function of calls made in an XLA context; None before the first."""
+        return self._xla_training
+
+    def _function(self, training: bool):
+        """The function of a call in `training` mode made here (XLA or not)."""
+        if not (training and xla_compilation.in_xla_context()):
+            return self.functions[training]
+        if self._xla_training is None:
+            self._xla_training = tf.function(self._traced(True, xla=True),
+                                             input_signature=self.call.signature,
+                                             autograph=True)
+        return self._xla_training
 
     @tf.autograph.experimental.do_not_convert
     def _rewrite(self, outputs, training: bool):
@@ -82,7 +139,12 @@ class FunctionRewriter(object):
                 raise
             if self.store.planning:
                 self._planned_layers = {op.name for op in layer_patterns.layer_ops(graph)}
+            if training and self.precision is not None:
+                self.low_precision_layers = self.precision.lower_layers(graph)
         self.quantizer_names[training] = result.quantize.names
+        if training:
+            for q in result.quantize.quantizers:
+                self.range_tensors.setdefault(q.range_name or q.name, q.tensor.name)
         self.left_float[training] = (
             [f"{s.name}: batch norm not folded: {s.reason}" for s in result.fold.skipped]
             + [f"{item.name}: {item.reason}" for item in result.quantize.left_float])
@@ -159,11 +221,37 @@ class FunctionRewriter(object):
             raise ValueError(
                 f"{self.call.name} takes {len(self.call.signature)} input(s) "
                 f"({self.call.signature}); got {len(inputs)}.")
-        return self._traced_call(self.functions[training], *inputs)
+        outputs = self._traced_call(self._function(training), *inputs)
+        if (training and tf.executing_eagerly()
+                and (not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context())):
+            self.skipped_batches()  # Not per replica of an eager strategy.run.
+        return outputs
 
     def inference_function(self) -> tf.types.experimental.ConcreteFunction:
         """The eval function, traced for the input signature."""
+        self.skipped_batches()
         return self._traced_call(self.functions[False].get_concrete_function)
+
+    def skipped_batches(self) -> Dict[str, int]:
+        """{range name: training batches it skipped}; warns once per range.
+
+        A range skips a batch whose min or max is NaN or infinite
+        (`qat.quantize.emit.finite_ranges`): its value stays as it was. Reads
+        the counters (one function call); a range that skipped any gets one
+        warning per process naming it and the tensor it quantizes.
+        """
+        counters = self.store.statistics
+        if not counters:
+            return {}
+        if self._read_counters is None:
+            variables = list(counters.values())
+            self._read_counters = tf.function(
+                lambda: tf.stack([tf.convert_to_tensor(v) for v in variables]))
+        with tf.init_scope():
+            values = self._read_counters().numpy()
+        counts = {name.rsplit("/", 1)[0]: int(v) for name, v in zip(counters, values)}
+        skipped_lib.warn(counts, self.range_tensors)
+        return counts
 
 
 def _identifier(name: str) -> str:

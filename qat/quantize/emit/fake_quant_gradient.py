@@ -34,10 +34,18 @@ gradient is then left unused, and not run, unless something asks for the
 gradient of the ReLU output itself. Any other output gradient (say, summed
 with the gradient of another consumer) gets the ReLU's usual gradient op.
 
+Under XLA. QuantizeAndDequantizeV4Grad has no XLA kernel. Where XLA
+compiles the gradient (`qat.engine.xla_compilation.compiles_gradient_of`),
+the FakeQuant and delayed-quantizer gradients take the forms of
+`qat.quantize.emit.xla_gradients` (TensorFlow's own FakeQuant gradient,
+which XLA compiles from the same nudge as the FakeQuant it compiles, and
+fuses with its neighbours), and a ReLU before a FakeQuant keeps its own
+gradient (XLA fuses the two masks).
+
 A process that calls `tf.gradients` on such a graph must have imported qat
 (the gradient registry is per process), as for any custom gradient.
 """
-from typing import Dict, Sequence, Set, Tuple
+from typing import Dict, Sequence, Tuple
 import weakref
 
 import numpy as np
@@ -47,6 +55,8 @@ from tensorflow.python.ops import gen_nn_ops
 
 from qat.engine import marks
 from qat.engine import rewrite as rewrite_lib
+from qat.engine import xla_compilation
+from qat.quantize.emit import xla_gradients
 
 GRADIENT_OP_TYPE = "QatFakeQuantInputGrad"
 DELAYED_GRADIENT_OP_TYPE = "QatDelayedQuantGrad"
@@ -61,8 +71,11 @@ _RELU_UPPER_BOUNDS = {"Relu": None,
                       "Relu6": np.nextafter(np.float32(6), np.float32(0))}
 _SMALLEST_NORMAL = np.finfo(np.float32).tiny
 
-# graph -> names of the masked gradient ops `_masked_grad` built.
-_RELU_MASKED: "weakref.WeakKeyDictionary[tf.Graph, Set[str]]" = (
+# gradient graph -> {name of a masked gradient op `_masked_grad` built over a
+# fused ReLU's output: that output's name}. Names of the forward graph: a
+# function's gradient graph reads the forward tensors through placeholders
+# of its own.
+_RELU_MASKED: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, str]]" = (
     weakref.WeakKeyDictionary())
 
 # graph -> {FakeQuant op name: ((min, max) it was computed from,
@@ -242,12 +255,14 @@ def _masked_grad(op: tf.Operation, grad: tf.Tensor, lo: tf.Tensor,
         gradients=grad, input=inputs, input_min=lo, input_max=hi,
         axis=axis).input_backprop
     if _registered_gradient(inputs.op) == RELU_GRADIENT_OP_TYPE.encode():
-        _RELU_MASKED.setdefault(op.graph, set()).add(masked.op.name)
+        _RELU_MASKED.setdefault(masked.graph, {})[masked.op.name] = inputs.name
     return masked
 
 
 def _fake_quant_input_grad(op: tf.Operation, grad: tf.Tensor):
     """Straight-through gradient of the input; none for min and max."""
+    if xla_compilation.compiles_gradient_of(op):
+        return (xla_gradients.fake_quant_input_grad(op, grad), None, None)
     return (_masked_grad(op, grad, *_nudged_range_of(op)), None, None)
 
 
@@ -266,6 +281,8 @@ def _delayed_quant_grad(op: tf.Operation, grad: tf.Tensor):
     fake_quant = quantized.op
     if (has_input_only_gradient(fake_quant)
             and fake_quant.inputs[0].name == inputs.name):
+        if xla_compilation.compiles_gradient_of(op):
+            return None, None, xla_gradients.delayed_quant_grad(active, fake_quant, grad)
         lo, hi = _nudged_range_of(fake_quant)
         lo = tf.where(active, lo, -np.inf)
         hi = tf.where(active, hi, np.inf)
@@ -277,8 +294,8 @@ def _delayed_quant_grad(op: tf.Operation, grad: tf.Tensor):
 def _relu_before_fake_quant_grad(op: tf.Operation, grad: tf.Tensor):
     """Both masks in one pass where `grad` is a FakeQuant's masked gradient."""
     masked = grad.op if isinstance(grad, tf.Tensor) else None
-    if (masked is not None and masked.name in _RELU_MASKED.get(op.graph, ())
-            and masked.inputs[1].name == op.outputs[0].name):
+    if (masked is not None
+            and _RELU_MASKED.get(masked.graph, {}).get(masked.name) == op.outputs[0].name):
         incoming, y, lo, hi = masked.inputs[:4]
         lo = tf.maximum(lo, _SMALLEST_NORMAL)
         if _RELU_UPPER_BOUNDS[op.type] is not None:

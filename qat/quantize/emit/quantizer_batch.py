@@ -155,14 +155,15 @@ class QuantizerBatch(range_updates.RangeUpdates):
                 "GreaterEqual", [step_ref, delay_const], T=_INT64)
         return self._shared[key]
 
-    def _variable(self, prefix, name, shape, init, collections) -> str:
+    def _variable(self, prefix, name, shape, init, collections, dtype=_FLOAT,
+                  statistic=False) -> str:
         base = prefix + "/" + name
         shape = tf.TensorShape(shape)
-        initial = np.full(shape.as_list(), init, np.float32)
-        init_value = self._shared_const("init", initial, tf.float32)
+        initial = np.full(shape.as_list(), init, dtype.as_numpy_dtype)
+        init_value = self._shared_const("init", initial, dtype)
         self._rewrite.add_variable(self._variables_emitter.variable(
-            base, _FLOAT, shape, init_value, device=self._variable_device,
-            initial_array=initial), collections)
+            base, dtype, shape, init_value, device=self._variable_device,
+            initial_array=initial, statistic=statistic), collections)
         return base
 
     # --- Quantizers -----------------------------------------------------------
@@ -347,7 +348,9 @@ class QuantizerBatch(range_updates.RangeUpdates):
         return self._variables[index][0].rsplit("/", 1)[0]
 
     def finish(self) -> None:
-        """Adds what the quantizers share (the nudged ranges of training ones)."""
+        """Adds what the quantizers share (the moving averages' rates, the
+        nudged ranges of training ones)."""
+        self._emit_rates()
         if self._training_fake_quants:
             fake_quant_gradient.add_nudged_ranges(
                 self._rewrite, self._training_fake_quants,

@@ -1,14 +1,17 @@
 """The ops that update a quantizer's range while training (a mixin of `QuantizerBatch`).
 
 Last value (weights): the batch's min and max, widened to include 0.
-Moving average (activations): `v -= rate * (v - batch value)`; rate 1 - decay,
+Moving average (activations): `v = v - rate * (v - batch value)`, assigned as a
+value (overlapping session runs each leave a range that holds 0); rate 1 - decay,
 or, when the quantization step t is given, the bias-corrected (1 - decay) /
 (1 - decay^t) (see `RangeUpdates._ema_rate`).
 Symmetric ranges widen one side; a concatenation's group (`statistics_of`)
 takes the min and max over every member. An empty activation batch range (a
 dead ReLU's [0, 0]) becomes `EMPTY_RANGE_WIDTH` wide (`RangeUpdates._widen_empty`).
 A range a TFLite kernel constrains (`QuantizerSpec.floors`) is widened after
-the moving average to the floors of `qat.quantize.emit.range_floors`.
+the moving average to the floors of `qat.quantize.emit.range_floors`. A
+batch whose range is not finite leaves the range as it was and is counted
+(`qat.quantize.emit.finite_ranges`).
 Each method writes NodeDefs through `QuantizerBatch`'s helpers and returns the
 names of the range's (min, max).
 """
@@ -16,6 +19,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from qat.quantize.emit import finite_ranges
 from qat.quantize.emit import range_floors
 from qat.quantize.emit.quantizer_spec import low_precision_dtype
 
@@ -38,7 +42,7 @@ EMPTY_RANGE_WIDTH = 1e-2
 MIN_LIVE_WIDTH = 1e-5
 
 
-class RangeUpdates(range_floors.RangeFloors):
+class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
     """Mixin of `qat.quantize.emit.quantizer_batch.QuantizerBatch` (uses its NodeDef helpers)."""
 
     def _updates(self, spec, p, x, rank, min_var, max_var, step):
@@ -67,6 +71,8 @@ class RangeUpdates(range_floors.RangeFloors):
             if batch_min is not None:
                 batch_min = spec.all_reduce.emit(self._nodes, p + "/all_reduce_min", batch_min, "Min")
             batch_max = spec.all_reduce.emit(self._nodes, p + "/all_reduce_max", batch_max, "Max")
+        # After the all-reduce, so every replica keeps or updates alike.
+        width = self._batch_width(p, batch_min, batch_max)
         nonnegative = batch_min is None
         if nonnegative:
             # min(batch) >= 0, so min(batch_min, 0) = 0 and max(batch_max, 0)
@@ -82,17 +88,20 @@ class RangeUpdates(range_floors.RangeFloors):
             lo, hi = self._widen_empty(p, lo, hi)
         if spec.symmetric:
             lo, hi = self._symmetric(p, lo, hi, spec.num_bits, spec.narrow_range)
+        counter = self._skipped_counter(p)
+        scopes = (p + "/AssignMinLast", p + "/AssignMaxLast")
         if spec.moving_average:
+            scopes = (p + "/AssignMinEma", p + "/AssignMaxEma")
             rate = self._ema_rate(float(spec.ema_decay), step if spec.init_from_first_batch
-                                  else None)
+                                  else None, p, counter)
             if spec.floors and not spec.per_channel:
-                return self._floored_ema(spec, p, min_var, max_var, lo, hi, rate)
-            lo = self._ema(p + "/AssignMinEma", min_var, lo, rate)
-            hi = self._ema(p + "/AssignMaxEma", max_var, hi, rate)
-        else:
-            lo = self._assign(p + "/AssignMinLast", min_var, lo)
-            hi = self._assign(p + "/AssignMaxLast", max_var, hi)
-        return lo, hi
+                # Floors widen the average: finite only if they are too.
+                lo, hi = self._floored_average(spec, p, min_var, max_var, lo, hi, rate)
+            else:
+                lo, hi = (self._average(scope, var, value, rate) for scope, var, value
+                          in zip(scopes, (min_var, max_var), (lo, hi)))
+        return self._assign_finite(p, scopes, (min_var, max_var), (lo, hi),
+                                   self._finite(p, width, spec.per_channel, lo, hi), counter)
 
     def _widen_empty(self, p, lo, hi):
         """(lo, hi), (lo, lo + `EMPTY_RANGE_WIDTH`) where hi <= lo, and at
@@ -138,45 +147,60 @@ class RangeUpdates(range_floors.RangeFloors):
                                    T=_FLOAT, Tidx=_INT32)
         return batch_min, batch_max
 
-    def _ema_rate(self, decay: float, step) -> str:
+    def _ema_rate(self, decay: float, step, p: str, counter: str) -> str:
         """The moving average's rate: 1 - decay; with the step t, bias-corrected.
 
-        With the quantization step t (1 on the first training run) the rate is
-        (1 - decay) / (1 - decay^t): the zero-debiased moving average of the
+        With t the batches the range learned from (the quantization step, 1
+        on the first training run, less the range's skipped batches) the rate
+        is (1 - decay) / (1 - decay^t): the zero-debiased moving average of the
         batch ranges so far (Adam's bias correction), with no variable of its
         own. It is 1 at t = 1 (the first batch's range), about 1/t while
         t << 1 / (1 - decay) (the mean of the batches so far, which follows a
         fast-changing range early in training), and 1 - decay later. Decay 1
-        gives the limit 1/t (the mean of every batch).
+        gives the limit 1/t (the mean of every batch). The rates of all the
+        batch's ranges of one decay are computed together, as one vector
+        (`_emit_rates`, at `finish`): a few ops per batch, not per range.
         """
         if step is None:
             return self._shared_const("ema_rate", 1.0 - decay, tf.float32)
-        key = ("debiased_rate", decay)
+        key = ("rates", decay)
         if key not in self._shared:
-            scope = "%s/ema_rate_%d" % (self._shared_scope_name(), len(self._shared))
+            self._shared[key] = (self._nodes.unique_name(
+                "%s/ema_rates" % self._shared_scope_name()), step, [])
+        name, _, skipped = self._shared[key]
+        skipped.append(self._variables_emitter.before_update(counter, self._variable_device))
+        return "%s/rates:%d" % (name, len(skipped) - 1)
+
+    def _emit_rates(self) -> None:
+        """The rates `_ema_rate` handed out, one vector op chain per decay."""
+        for key, value in list(self._shared.items()):
+            if key[0] != "rates" or not value[2]:
+                continue
+            decay, (scope, step, skipped) = key[1], value
+            node = self._nodes.node
             step_ref = step if isinstance(step, str) else self._external(step)
-            count = self._nodes.node(scope + "/step", "Cast", [step_ref], SrcT=_INT64,
-                                     DstT=_FLOAT, Truncate=False)
-            # The step is 1 on the first training run; never divide 0 by 0 if a
-            # run reads the counter before its increment.
-            t = self._nodes.node(scope + "/step_at_least_one", "Maximum",
-                                 [count, self._shared_const("one_step_f", 1.0, tf.float32)],
-                                 T=_FLOAT)
+            count = node(scope + "/step", "Cast", [step_ref], SrcT=_INT64, DstT=_FLOAT,
+                         Truncate=False)
+            packed = node(scope + "/skipped", "Pack", skipped, T=_INT64, N=len(skipped), axis=0)
+            learned = node(scope + "/learned_steps", "Sub",
+                           [count, node(scope + "/skipped_f", "Cast", [packed], SrcT=_INT64,
+                                        DstT=_FLOAT, Truncate=False)], T=_FLOAT)
+            # t is at least 1: never divide 0 by 0 if a run reads the counter
+            # before its increment.
+            t = node(scope + "/steps_at_least_one", "Maximum",
+                     [learned, self._shared_const("one_step_f", 1.0, tf.float32)], T=_FLOAT)
             if decay == 1.0:
-                self._shared[key] = self._nodes.node(scope + "/rate", "Reciprocal", [t],
-                                                     T=_FLOAT)
+                rate = node(scope + "/rate", "Reciprocal", [t], T=_FLOAT)
             else:
-                # 1 - decay and 1 - decay^1 are the same float32 subtraction: the rate
-                # of the first step is exactly 1.
+                # 1 - decay and 1 - decay^1 are the same float32 subtraction:
+                # the rate of a range's first batch is exactly 1.
                 d = self._shared_const("ema_decay", decay, tf.float32)
                 one = self._shared_const("one", 1.0, tf.float32)
-                num = self._nodes.node(scope + "/one_minus_decay", "Sub", [one, d], T=_FLOAT)
-                power = self._nodes.node(scope + "/decay_pow_step", "Pow", [d, t], T=_FLOAT)
-                den = self._nodes.node(scope + "/one_minus_decay_pow", "Sub", [one, power],
-                                       T=_FLOAT)
-                self._shared[key] = self._nodes.node(scope + "/rate", "RealDiv", [num, den],
-                                                     T=_FLOAT)
-        return self._shared[key]
+                num = node(scope + "/one_minus_decay", "Sub", [one, d], T=_FLOAT)
+                power = node(scope + "/decay_pow_steps", "Pow", [d, t], T=_FLOAT)
+                den = node(scope + "/one_minus_decay_pow", "Sub", [one, power], T=_FLOAT)
+                rate = node(scope + "/rate", "RealDiv", [num, den], T=_FLOAT)
+            node(scope + "/rates", "Unpack", [rate], T=_FLOAT, num=len(skipped), axis=0)
 
     def _symmetric(self, p, lo, hi, num_bits, narrow_range):
         """max = -min * (2^b - 2) / 2^b (-min if narrow), widening one side."""
@@ -192,10 +216,22 @@ class RangeUpdates(range_floors.RangeFloors):
         new_hi = self._node(p + "/SymmetricMax", "Maximum", [hi, mul], T=_FLOAT)
         return new_lo, new_hi
 
-    def _ema(self, scope, var, value, rate):
-        _, delta = self._ema_delta(scope, var, value, rate)
-        return self._variables_emitter.assign_sub(scope, var, delta,
-                                                  device=self._variable_device)
+    def _average(self, scope, var, value, rate):
+        """The moving average's new value, `read - (read - value) * rate`.
+
+        Assigned as a value, never as a delta. Session runs may overlap
+        (research/slim's Supervisor runs the summary op in a thread of its
+        own beside the training step; asynchronous workers share one range):
+        each reads the range, then writes. Assigned as deltas (`var -= (read -
+        value) * rate`), two runs that read the same value both subtract
+        theirs, and while the bias-corrected rate is near 1 (1 at step 1, 1 /
+        (1 + decay) at step 2) the range overshoots past the batch's: a ReLU
+        mean's min went from -6 to +3. The average lies between the range it
+        read and the batch's, so whichever run writes last leaves a range
+        that holds 0 (both do).
+        """
+        read, delta = self._ema_delta(scope, var, value, rate)
+        return self._node(scope + "/average", "Sub", [read, delta], T=_FLOAT)
 
     def _ema_delta(self, scope, var, value, rate):
         """(the value before the update, the moving average's delta)."""
@@ -205,28 +241,14 @@ class RangeUpdates(range_floors.RangeFloors):
         sub = self._node(scope + "/sub", "Sub", [read, value], T=_FLOAT)
         return read, self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
 
-    def _floored_ema(self, spec, p, min_var, max_var, lo, hi, rate):
-        """The moving average, then the kernel floors (`range_floors`), assigned."""
+    def _floored_average(self, spec, p, min_var, max_var, lo, hi, rate):
+        """The moving average, then widened to the kernel floors (`range_floors`)."""
+        new_lo = self._average(p + "/AssignMinEma", min_var, lo, rate)
+        new_hi = self._average(p + "/AssignMaxEma", max_var, hi, rate)
         need = self._floor_need(spec, p)
         if need is None:
-            return (self._ema(p + "/AssignMinEma", min_var, lo, rate),
-                    self._ema(p + "/AssignMaxEma", max_var, hi, rate))
+            return new_lo, new_hi
         if not spec.symmetric:
             # The min as every range's; the max at least the updated min + the floor.
-            new_lo = self._ema(p + "/AssignMinEma", min_var, lo, rate)
-            read, delta = self._ema_delta(p + "/AssignMaxEma", max_var, hi, rate)
-            average = self._node(p + "/AssignMaxEma/average", "Sub", [read, delta], T=_FLOAT)
-            new_hi = self._widen_top(p + "/KernelFloor", new_lo, average, need)
-            return new_lo, self._assign(p + "/AssignMaxEma/floored", max_var, new_hi)
-        averages = []
-        for scope, var, value in ((p + "/AssignMinEma", min_var, lo),
-                                  (p + "/AssignMaxEma", max_var, hi)):
-            read, delta = self._ema_delta(scope, var, value, rate)
-            averages.append(self._node(scope + "/average", "Sub", [read, delta], T=_FLOAT))
-        new_lo, new_hi = self._widen_about_zero(p + "/KernelFloor", *averages, need)
-        return (self._assign(p + "/AssignMinEma/floored", min_var, new_lo),
-                self._assign(p + "/AssignMaxEma/floored", max_var, new_hi))
-
-    def _assign(self, scope, var, value):
-        return self._variables_emitter.assign(scope, var, value,
-                                              device=self._variable_device)
+            return new_lo, self._widen_top(p + "/KernelFloor", new_lo, new_hi, need)
+        return self._widen_about_zero(p + "/KernelFloor", new_lo, new_hi, need)

@@ -19,6 +19,7 @@
   lookups            -> token-id models: embedding lookups, integer casts
   feeds              -> model sources: where the model's data enters, by structure
   boundary           -> the model/loss boundary every rule respects
+  observers          -> summaries, prints, asserts, metric updates: no model outputs
   control_flow       -> layers inside functional control flow, named
   replication        -> the hook `qat.distribute` fills (replicas share ranges)
 """

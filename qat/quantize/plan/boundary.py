@@ -38,7 +38,9 @@ only scalars and loss kernels: no range, no warning. Ops outside both read
 the model's outputs where something other than the loss reads their result
 (`predictions = logits * 3 + 0.5` in an export graph): they stay float after
 the model's last range, and the planner names them in `left_float`
-(docs/known_limits.md).
+(docs/known_limits.md). Observers (`GraphView.observers`,
+`qat.quantize.plan.observers`: summaries, prints, asserts, metric updates and
+what only they read) are neither: no range, no `left_float` entry.
 """
 import dataclasses
 from typing import Dict, List, Optional, Set
@@ -51,6 +53,7 @@ from qat.engine import function_graphs
 from qat.engine import marks
 from qat.matching import tensors
 from qat.quantize.plan import feeds
+from qat.quantize.plan import observers as observers_lib
 from qat.quantize.plan import op_table
 from qat.quantize.plan import patterns as qp
 
@@ -217,8 +220,13 @@ def find_boundary(view, tail_ops: Set[tf.Operation],
     """
     model: Set[tf.Operation] = set(view.model_ops)
     ordered = sorted(view.data_ops - view.gradient_ops, key=lambda o: o._id)  # pylint: disable=protected-access
+    view.observers = observers_lib.find_observers(
+        op for op in ordered if op not in model and op not in tail_ops
+        and not marks.made_by_qat(op, marks.QUANTIZER, marks.QUANTIZER_OUTPUT))
     kinds: Dict[tf.Operation, Kind] = {}
     for op in ordered:
+        if op in view.observers and observers_lib.is_check(op):
+            continue  # A check nothing but observers reads names no output.
         if op not in model:
             found = kind_of(view, op, tail_ops, whole_activations, looked_through)
             if found is not None:
@@ -274,7 +282,9 @@ def _split_rest(view, ordered: List[tf.Operation], model: Set[tf.Operation]) -> 
     ends = []
     returned = function_graphs.traced_outputs(view.graph)
     for op in rest:
-        if is_root(op) or returned is not None and op not in returned:
+        if is_root(op) or op in view.observers:
+            continue
+        if returned is not None and op not in returned:
             continue  # In a traced function, an unread op that is no output is dead.
         for out in op.outputs:
             if (tensors.is_float(out) and out.shape.rank != 0
@@ -289,6 +299,6 @@ def _split_rest(view, ordered: List[tf.Operation], model: Set[tf.Operation]) -> 
             continue
         after.add(op)
         stack.extend(i.op for i in op.inputs if i.op in rest_set and view.is_data(i)
-                     and tensors.is_float(i))
+                     and tensors.is_float(i) and i.op not in view.observers)
     view.after_model = after
     view.loss = rest_set - after

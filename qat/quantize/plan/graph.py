@@ -130,6 +130,8 @@ class GraphView(tails.LayerTails):
         self.model: Set[tf.Operation] = set(self.model_ops)
         self.loss: Set[tf.Operation] = set()
         self.after_model: Set[tf.Operation] = set()
+        # Summaries, prints, asserts, metric updates (`qat.quantize.plan.observers`).
+        self.observers: Set[tf.Operation] = set()
         self.library = None
         self._topological: Optional[Dict[tf.Operation, int]] = None
         self._ordered: Optional[List[tf.Operation]] = None

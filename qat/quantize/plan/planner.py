@@ -156,6 +156,7 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         self.activation_interiors: Dict[tf.Operation, Set[tf.Operation]] = {}
         # Ops visited before their inputs had ranges (`_revisit_deferred`).
         self._deferred: List[tf.Operation] = []
+        self._named_last: List[Tuple[Plan, str]] = []  # (plan, name), `_plan(shares=...)`
         self._same_scale_ops: Dict[tf.Operation, bool] = {}
         # The steps of recurrent layers (`qat.quantize.plan.recurrences`).
         self.steps = recurrences.Steps()
@@ -185,13 +186,25 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
 
     def _plan(self, t: tf.Tensor, ctx: str, kind: str, init_min: float,
               consumers: List[tf.Operation], is_weight: bool = False,
-              per_channel: bool = False, allow_unused: bool = False) -> bool:
+              per_channel: bool = False, allow_unused: bool = False,
+              shares: Optional[Plan] = None) -> bool:
+        """Plans a range on `t` named `<ctx>/<kind>` (numbered when taken).
+
+        `shares`: the plan whose range this one reads. Such a quantizer owns
+        no variables and is named after every visit's range, so its name
+        never shifts the numbers of the ranges that own variables (a reader
+        only the training graph has would otherwise rename the eval graph's).
+        """
         if self._has_range(t) or not _is_float(t):
             return False
         if not consumers and not allow_unused:
             return False
-        self.plans[t] = Plan(t, self._unique_prefix(plan_graph.join(ctx, kind)),
-                              is_weight, init_min, consumers, per_channel)
+        base = plan_graph.join(ctx, kind)
+        plan = Plan(t, "" if shares is not None else self._unique_prefix(base), is_weight,
+                    init_min, consumers, per_channel, shared=shares)
+        if shares is not None:
+            self._named_last.append((plan, base))
+        self.plans[t] = plan
         return True
 
     def visit(self, op: tf.Operation) -> None:
@@ -285,6 +298,8 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         for op in ordered:
             self.visit(op)
         self._revisit_deferred()
+        for plan, base in self._named_last:
+            plan.prefix = self._unique_prefix(base)
         shared_ranges.plan(self, ordered)
         return self.replication.share(self, list(self.plans.values()))
 

@@ -149,10 +149,10 @@ class RangeRules(object):
             act_out = act.outputs[0]
             self._plan(act_out, ctx, "act_quant", 0.0, self.consumers(act_out),
                        allow_unused=True)
-            for other in readers[1:]:
-                if self._plan(other.outputs[0], plan_graph.own_context(other), "act_quant", 0.0,
-                              self.consumers(other.outputs[0]), allow_unused=True):
-                    self.plans[other.outputs[0]].shared = self.plans[act_out]
+            owner = self.plans.get(act_out)  # None: an earlier call's range.
+            for other in readers[1:] if owner is not None else ():
+                self._plan(other.outputs[0], plan_graph.own_context(other), "act_quant", 0.0,
+                           self.consumers(other.outputs[0]), allow_unused=True, shares=owner)
             return
         consumers = self.consumers(out, exclude)
         self._plan(out, ctx, kind, init_min, consumers,

@@ -68,10 +68,16 @@ members use lag one step behind in training; eval graphs read the variables
 everywhere, identically. A pool's rounding reads its input's range exactly as
 the input's FakeQuant reads it.
 
-Identical ops (one type, the same input tensors and attributes: two ReLUs
-of one tensor, as NASNet-A's cell operations start) are one op for the
-converter, which keeps one of them and its scale: each later one reads the
-first one's range (`share_identical_outputs`).
+Identical ops (one type, attributes and inputs of the same values: two
+ReLUs of one tensor, as NASNet-A's cell operations start; a recurrent
+loop's first step and the one Keras computes outside the loop) are one op for the
+converter, which keeps one of them and its scale: in eval graphs each later
+one reads the first one's range (`share_identical_outputs`). In training
+graphs each keeps its own (the same statistics: they compute one value), so
+a reader only the training graph has never owns the range the eval graph
+reads: PNASNet's auxiliary head reads a cell's output through a ReLU of its
+own, made before the next cell's identical ReLU, whose range the eval graph
+then restores from the training checkpoint under its own name.
 
 Not grouped: concatenation inputs with no range planned in this call (a
 FakeQuant the user or an earlier call built, a fixed-range op's output such
@@ -123,9 +129,12 @@ def share_identical_outputs(planner, ordered: List[tf.Operation]) -> None:
     """Ops computing the same value (one type, attributes and inputs of the
     same values: two ReLUs of one tensor; the first step of a recurrent loop
     and the step Keras computes outside it for the output's shape) are one
-    op for the converter, with one scale: they read one range
+    op for the converter, with one scale: in eval graphs they read one range
     (`tensors.ValueNumbers`), a group's where one of them is in a group
-    (`share_concat_ranges`, run before), else the first one's."""
+    (`share_concat_ranges`, run before), else the first one's (training
+    graphs: see the module docstring)."""
+    if planner.is_training:
+        return
     numbers = tensors.ValueNumbers()
     same: Dict[int, List[tf.Operation]] = {}
     for op in ordered:

@@ -24,6 +24,7 @@ from nets import mobilenet_v1
 from nets.mobilenet import mobilenet_v2
 from nets.mobilenet import mobilenet_v3
 from nets.nasnet import nasnet
+from nets.nasnet import pnasnet
 
 
 def _squeezed(resnet_fn):
@@ -56,6 +57,8 @@ networks_map = {
     'mobilenet_v2_035': mobilenet_v2.mobilenet_v2_035,
     'mobilenet_v3_small': mobilenet_v3.small,
     'nasnet_cifar': nasnet.build_nasnet_cifar,
+    'nasnet_mobile': nasnet.build_nasnet_mobile,
+    'pnasnet_mobile': pnasnet.build_pnasnet_mobile,
 }
 
 arg_scopes_map = {
@@ -76,6 +79,8 @@ arg_scopes_map = {
     'mobilenet_v2_035': mobilenet_v2.training_scope,
     'mobilenet_v3_small': mobilenet_v3.training_scope,
     'nasnet_cifar': nasnet.nasnet_cifar_arg_scope,
+    'nasnet_mobile': nasnet.nasnet_mobile_arg_scope,
+    'pnasnet_mobile': pnasnet.pnasnet_mobile_arg_scope,
 }
 
 

@@ -35,6 +35,8 @@ def get_preprocessing(name, is_training=False, use_grayscale=False):
       'mobilenet_v2_035': inception_preprocessing,
       'mobilenet_v3_small': inception_preprocessing,
       'nasnet_cifar': inception_preprocessing,
+      'nasnet_mobile': inception_preprocessing,
+      'pnasnet_mobile': inception_preprocessing,
       'resnet_v1_50': vgg_preprocessing,
       'resnet_v2_50': vgg_preprocessing,
       'vgg': vgg_preprocessing,

@@ -1,4 +1,4 @@
-"""NASNet-A cells, in the style of research/slim's nets/nasnet/nasnet_utils.py.
+"""NASNet-A and PNASNet-5 cells, in the style of research/slim's nets/nasnet/nasnet_utils.py.
 
 A cell reads the outputs of the two cells before it (hidden states 0 and 1),
 brings both to its filter count (a factorized reduction when the older one is
@@ -38,6 +38,16 @@ _REDUCTION_BLOCKS = (
     ('separable_3x3_2', 'max_pool_3x3', 2, 0),
 )
 _REDUCTION_LEFT_OUT = (0, 1, 2)
+# PNASNet-5: one cell type, strided where a reduction comes; both input
+# states are left out of its output.
+_PNASNET_BLOCKS = (
+    ('separable_5x5_2', 'max_pool_3x3', 0, 0),
+    ('separable_7x7_2', 'max_pool_3x3', 1, 1),
+    ('separable_5x5_2', 'separable_3x3_2', 1, 1),
+    ('separable_3x3_2', 'max_pool_3x3', 4, 1),
+    ('separable_3x3_2', 'none', 0, 1),
+)
+_PNASNET_LEFT_OUT = (0, 1)
 
 
 def calc_reduction_layers(num_cells, num_reduction_layers):
@@ -218,3 +228,14 @@ class NasNetAReductionCell(NasNetABaseCell):
         num_conv_filters, _REDUCTION_BLOCKS, _REDUCTION_LEFT_OUT,
         drop_path_keep_prob,
         total_num_cells, total_training_steps, use_bounded_activation)
+
+
+class PNasNetNormalCell(NasNetABaseCell):
+  """PNASNet-5's cell (stride 2 where a reduction comes)."""
+
+  def __init__(self, num_conv_filters, drop_path_keep_prob, total_num_cells,
+               total_training_steps, use_bounded_activation=False):
+    super(PNasNetNormalCell, self).__init__(
+        num_conv_filters, _PNASNET_BLOCKS, _PNASNET_LEFT_OUT,
+        drop_path_keep_prob, total_num_cells, total_training_steps,
+        use_bounded_activation)
