@@ -73,7 +73,8 @@ ReLUs of one tensor, as NASNet-A's cell operations start; a recurrent
 loop's first step and the one Keras computes outside the loop) are one op for the
 converter, which keeps one of them and its scale: in eval graphs each later
 one reads the first one's range (`share_identical_outputs`). In training
-graphs each keeps its own (the same statistics: they compute one value), so
+graphs each keeps its own, unless one of them is in a group or reads
+another's range (a recurrence's constant zero states, one for every layer) (the same statistics: they compute one value), so
 a reader only the training graph has never owns the range the eval graph
 reads: PNASNet's auxiliary head reads a cell's output through a ReLU of its
 own, made before the next cell's identical ReLU, whose range the eval graph
@@ -129,12 +130,11 @@ def share_identical_outputs(planner, ordered: List[tf.Operation]) -> None:
     """Ops computing the same value (one type, attributes and inputs of the
     same values: two ReLUs of one tensor; the first step of a recurrent loop
     and the step Keras computes outside it for the output's shape) are one
-    op for the converter, with one scale: in eval graphs they read one range
-    (`tensors.ValueNumbers`), a group's where one of them is in a group
-    (`share_concat_ranges`, run before), else the first one's (training
-    graphs: see the module docstring)."""
-    if planner.is_training:
-        return
+    op for the converter, with one scale: they read one range
+    (`tensors.ValueNumbers`), a group's where one of them is in a group or
+    reads another's range (`share_concat_ranges`, a recurrence's state: run
+    before), else, in eval graphs only, the first one's (training graphs:
+    see the module docstring)."""
     numbers = tensors.ValueNumbers()
     same: Dict[int, List[tf.Operation]] = {}
     for op in ordered:
@@ -147,7 +147,11 @@ def share_identical_outputs(planner, ordered: List[tf.Operation]) -> None:
         same.setdefault(numbers.number(op), []).append(op)
     for ops in same.values():
         plans = [planner.plans[op.outputs[0]] for op in ops]
-        owner = next((p for p in plans if p.shared is not None or p.members), plans[0])
+        owner = next((p for p in plans if p.shared is not None or p.members), None)
+        if owner is None:
+            if planner.is_training:
+                continue  # Each its own range: one only training has owns none.
+            owner = plans[0]
         for plan in plans:
             if (plan is not owner and plan.shared is None and not plan.members
                     and not _reads_range_of(owner, plan)):
