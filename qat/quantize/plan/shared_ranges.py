@@ -70,15 +70,17 @@ the input's FakeQuant reads it.
 
 Identical ops (one type, attributes and inputs of the same values: two
 ReLUs of one tensor, as NASNet-A's cell operations start; a recurrent
-loop's first step and the one Keras computes outside the loop) are one op for the
-converter, which keeps one of them and its scale: in eval graphs each later
-one reads the first one's range (`share_identical_outputs`). In training
-graphs each keeps its own, unless one of them is in a group or reads
-another's range (a recurrence's constant zero states, one for every layer) (the same statistics: they compute one value), so
-a reader only the training graph has never owns the range the eval graph
-reads: PNASNet's auxiliary head reads a cell's output through a ReLU of its
-own, made before the next cell's identical ReLU, whose range the eval graph
-then restores from the training checkpoint under its own name.
+loop's first step and the one Keras computes outside the loop) are one op
+for the converter, which keeps one of them and its scale: in eval graphs
+each later one reads the first one's range (`share_identical_outputs`). In
+training graphs each plain one keeps its own (the same statistics: they
+compute one value), so a reader only the training graph has never owns the
+range the eval graph reads: PNASNet's auxiliary head reads a cell's output
+through a ReLU of its own, made before the next cell's identical ReLU, whose
+range the eval graph then restores from the training checkpoint under its
+own name. Where one of them is in a group or reads another's range (the
+constant zero states of stacked recurrent layers), all read that range in
+both graphs.
 
 Not grouped: concatenation inputs with no range planned in this call (a
 FakeQuant the user or an earlier call built, a fixed-range op's output such
