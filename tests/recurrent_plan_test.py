@@ -177,6 +177,15 @@ class RefusalTest(absltest.TestCase):
                 api.rewrite_graph(graph, config_lib.RewriteConfig(is_training=False))
         self.assertEqual(graph.as_graph_def(), before)
 
+    def test_a_keras_loop_of_unknown_length_is_refused(self):
+        import keras  # pylint: disable=g-import-not-at-top
+        import qat  # pylint: disable=g-import-not-at-top
+        inputs = keras.Input((None, recurrent_util.FEATURES))
+        model = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.LSTM(4)(inputs)))
+        with self.assertRaisesRegex(loops.UnknownStepsError,
+                                    r"lstm.*/while.*lstm_cell.*/MatMul.*static sequence length"):
+            qat.quantize_model(model)
+
 
 if __name__ == "__main__":
     absltest.main()
