@@ -26,6 +26,9 @@ EMBEDDING = "embedding"
 LAYER_CALL = "layer_call"
 # Training graphs: what a Rsqrt reads where its quantized input is 0.
 ZERO_GUARD = "zero_guard"
+# Replicas: where the range statistics of a step are combined
+# (`qat.quantize.emit.step_statistics`).
+RANGE_STATISTICS = "range_statistics"
 
 # Set on a user op whose consumers a rewrite moved onto qat's replacement
 # (tf_keras's fused layer norm, a grouped conv's function call): its value

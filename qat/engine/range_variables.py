@@ -232,8 +232,23 @@ class VariableEmitter(object):
         """`variable += delta`; returns the node of the updated value."""
         return self._update(scope, "AssignAdd", variable, delta, device, attrs)
 
+    def assign_ops(self, scope: str, variable: str, value: str, device: str = "",
+                   **attrs) -> List[str]:
+        """`variable = value`, not read back; returns the update ops (to wait for)."""
+        return self._update_ops(scope, "Assign", variable, value, device, attrs)
+
     def _update(self, scope: str, op: str, variable: str, value: str, device: str,
                 attrs: dict) -> str:
+        updates = self._update_ops(scope, op, variable, value, device, attrs)
+        if self.is_resource:
+            read = scope + ("/ReadVariableOp" if op == "Assign" else "/ReadVariableOp_1")
+            return self._read(read, variable, device, updates, attrs)
+        # Read after the update, from the variable itself (as the resource
+        # read is), so readers of the value find the variable behind it.
+        return self._read(updates[0] + "/read", variable, device, updates, attrs)
+
+    def _update_ops(self, scope: str, op: str, variable: str, value: str, device: str,
+                    attrs: dict) -> List[str]:
         dtype = self._dtypes[variable]
         node = self._nodes.node
         if self.is_resource:
@@ -242,20 +257,15 @@ class VariableEmitter(object):
             update = node(name, op + "VariableOp", [self._handle(variable), value],
                           device=device, dtype=dtype, **attrs)
             # The same update of every further component (equal before it).
-            updates = [update] + [
+            return [update] + [
                 node(self._nodes.unique_name("%s_mirror_%d" % (name, k)), op + "VariableOp",
                      [handle, value], device="", dtype=dtype, **attrs)
                 for k, handle in enumerate(self._mirrors.get(variable, ()), 1)]
-            read = scope + ("/ReadVariableOp" if op == "Assign" else "/ReadVariableOp_1")
-            return self._read(read, variable, device, updates, attrs)
         control = [self.before_update(variable, device, **attrs)]
         extra = {"validate_shape": True} if op == "Assign" else {}
         name = scope if op == "Assign" else scope + "/" + op
-        update = node(name, op, [variable, value], device=device, control=control,
-                      T=dtype, use_locking=False, **extra, **attrs)
-        # Read after the update, from the variable itself (as the resource
-        # read is), so readers of the value find the variable behind it.
-        return self._read(name + "/read", variable, device, [update], attrs)
+        return [node(name, op, [variable, value], device=device, control=control,
+                     T=dtype, use_locking=False, **extra, **attrs)]
 
     def _handle(self, variable: str) -> str:
         """The input naming `variable`'s handle (its op, or its capture)."""

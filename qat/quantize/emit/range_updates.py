@@ -11,6 +11,12 @@ A range a TFLite kernel constrains (`QuantizerSpec.floors`) is widened after
 the moving average to the floors of `qat.quantize.emit.range_floors`.
 Each method writes NodeDefs through `QuantizerBatch`'s helpers and returns the
 names of the range's (min, max).
+
+Replicas (`QuantizerSpec.combined`): the range step runs twice. In the
+forward, without assigning: the range this replica's FakeQuant reads, moved
+by its own batch statistics. After the forward, from the statistics of every
+replica combined in one reduction (`qat.quantize.emit.step_statistics`):
+the step the variables are assigned.
 """
 import dataclasses
 
@@ -42,7 +48,6 @@ class RangeUpdates(range_floors.RangeFloors):
     """Mixin of `qat.quantize.emit.quantizer_batch.QuantizerBatch` (uses its NodeDef helpers)."""
 
     def _updates(self, spec, p, x, rank, min_var, max_var, step):
-        zero = self._shared_const("zero", 0.0, tf.float32)
         nonnegative = spec.nonnegative and not spec.per_channel
         batch_min, batch_max = self._batch_range(spec, p, x, rank, nonnegative)
         for k, t in enumerate(spec.statistics_of):
@@ -63,10 +68,15 @@ class RangeUpdates(range_floors.RangeFloors):
                     q + "/GroupMin", "Minimum", [batch_min, y_min], T=_FLOAT)
             batch_max = self._node(q + "/GroupMax", "Maximum", [batch_max, y_max],
                                    T=_FLOAT)
-        if spec.all_reduce is not None:  # The same range on every worker.
-            if batch_min is not None:
-                batch_min = spec.all_reduce.emit(self._nodes, p + "/all_reduce_min", batch_min, "Min")
-            batch_max = spec.all_reduce.emit(self._nodes, p + "/all_reduce_max", batch_max, "Max")
+        if spec.combined:  # Replicas: combined once per step, after the forward.
+            self._contribute(spec, p, batch_min, batch_max, min_var, max_var, step)
+        return self._range_step(spec, p, batch_min, batch_max, min_var, max_var, step,
+                                assign=not spec.combined)
+
+    def _range_step(self, spec, p, batch_min, batch_max, min_var, max_var, step,
+                    assign=True):
+        """The range after this step's batch (min or None, max); assigned if `assign`."""
+        zero = self._shared_const("zero", 0.0, tf.float32)
         nonnegative = batch_min is None
         if nonnegative:
             # min(batch) >= 0, so min(batch_min, 0) = 0 and max(batch_max, 0)
@@ -86,10 +96,10 @@ class RangeUpdates(range_floors.RangeFloors):
             rate = self._ema_rate(float(spec.ema_decay), step if spec.init_from_first_batch
                                   else None)
             if spec.floors and not spec.per_channel:
-                return self._floored_ema(spec, p, min_var, max_var, lo, hi, rate)
-            lo = self._ema(p + "/AssignMinEma", min_var, lo, rate)
-            hi = self._ema(p + "/AssignMaxEma", max_var, hi, rate)
-        else:
+                return self._floored_ema(spec, p, min_var, max_var, lo, hi, rate, assign)
+            lo = self._ema(p + "/AssignMinEma", min_var, lo, rate, assign)
+            hi = self._ema(p + "/AssignMaxEma", max_var, hi, rate, assign)
+        elif assign:
             lo = self._assign(p + "/AssignMinLast", min_var, lo)
             hi = self._assign(p + "/AssignMaxLast", max_var, hi)
         return lo, hi
@@ -192,8 +202,10 @@ class RangeUpdates(range_floors.RangeFloors):
         new_hi = self._node(p + "/SymmetricMax", "Maximum", [hi, mul], T=_FLOAT)
         return new_lo, new_hi
 
-    def _ema(self, scope, var, value, rate):
-        _, delta = self._ema_delta(scope, var, value, rate)
+    def _ema(self, scope, var, value, rate, assign=True):
+        read, delta = self._ema_delta(scope, var, value, rate)
+        if not assign:  # The value the update would assign (the same subtraction).
+            return self._node(scope + "/average", "Sub", [read, delta], T=_FLOAT)
         return self._variables_emitter.assign_sub(scope, var, delta,
                                                   device=self._variable_device)
 
@@ -201,22 +213,24 @@ class RangeUpdates(range_floors.RangeFloors):
         """(the value before the update, the moving average's delta)."""
         # The value before the update: the update's data dependency on it
         # orders the two.
-        read = self._variables_emitter.before_update(var, self._variable_device)
+        read = self._before_update(var)
         sub = self._node(scope + "/sub", "Sub", [read, value], T=_FLOAT)
         return read, self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
 
-    def _floored_ema(self, spec, p, min_var, max_var, lo, hi, rate):
-        """The moving average, then the kernel floors (`range_floors`), assigned."""
+    def _floored_ema(self, spec, p, min_var, max_var, lo, hi, rate, assign=True):
+        """The moving average, then the kernel floors (`range_floors`), assigned if `assign`."""
         need = self._floor_need(spec, p)
         if need is None:
-            return (self._ema(p + "/AssignMinEma", min_var, lo, rate),
-                    self._ema(p + "/AssignMaxEma", max_var, hi, rate))
+            return (self._ema(p + "/AssignMinEma", min_var, lo, rate, assign),
+                    self._ema(p + "/AssignMaxEma", max_var, hi, rate, assign))
         if not spec.symmetric:
             # The min as every range's; the max at least the updated min + the floor.
-            new_lo = self._ema(p + "/AssignMinEma", min_var, lo, rate)
+            new_lo = self._ema(p + "/AssignMinEma", min_var, lo, rate, assign)
             read, delta = self._ema_delta(p + "/AssignMaxEma", max_var, hi, rate)
             average = self._node(p + "/AssignMaxEma/average", "Sub", [read, delta], T=_FLOAT)
             new_hi = self._widen_top(p + "/KernelFloor", new_lo, average, need)
+            if not assign:
+                return new_lo, new_hi
             return new_lo, self._assign(p + "/AssignMaxEma/floored", max_var, new_hi)
         averages = []
         for scope, var, value in ((p + "/AssignMinEma", min_var, lo),
@@ -224,6 +238,8 @@ class RangeUpdates(range_floors.RangeFloors):
             read, delta = self._ema_delta(scope, var, value, rate)
             averages.append(self._node(scope + "/average", "Sub", [read, delta], T=_FLOAT))
         new_lo, new_hi = self._widen_about_zero(p + "/KernelFloor", *averages, need)
+        if not assign:
+            return new_lo, new_hi
         return (self._assign(p + "/AssignMinEma/floored", min_var, new_lo),
                 self._assign(p + "/AssignMaxEma/floored", max_var, new_hi))
 
