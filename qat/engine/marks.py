@@ -28,6 +28,9 @@ LAYER_CALL = "layer_call"
 ZERO_GUARD = "zero_guard"
 # A quantized layer computing in float16 / bfloat16 and its casts (`qat.tf2.precision`).
 LOW_PRECISION = "low_precision"
+# Replicas: where the range statistics of a step are combined
+# (`qat.quantize.emit.step_statistics`).
+RANGE_STATISTICS = "range_statistics"
 
 # Set on a user op whose consumers a rewrite moved onto qat's replacement
 # (tf_keras's fused layer norm, a grouped conv's function call): its value
