@@ -9,8 +9,7 @@ interleaved (so all see the same machine load) and the tool prints the
 median step times and two ratios from the one run:
 
   QAT 2 replicas / QAT 1 replica (same total batch): what splitting costs or
-      saves, shared ranges included (each range update waits for every
-      replica's batch statistics);
+      saves, shared ranges included (their statistics combined once per step);
   QAT / float at 2 replicas: the rewrite's overhead with replicas;
 
 and the medians of the per-round ratios (each round times the three graphs one

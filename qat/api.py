@@ -34,6 +34,9 @@ class RewriteResult:
     quantize: emit_lib.QuantizeResult
 
 
+# Not converted by autograph: a rewrite called inside a function autograph
+# converts (a MirroredStrategy replica function) runs as plain Python.
+@tf.autograph.experimental.do_not_convert
 def rewrite_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
                   replication: Replication = DATA_PARALLEL) -> RewriteResult:
     """Every stage, in order, on a resolved graph with a validated configuration.
@@ -63,6 +66,7 @@ def rewrite_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
                                                               replication))
 
 
+@tf.autograph.experimental.do_not_convert
 def _create_graph(input_graph: Optional[tf.Graph], caller: str,
                   **settings) -> None:
     graph = preconditions.resolve_graph(input_graph, caller)

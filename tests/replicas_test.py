@@ -55,13 +55,17 @@ def _build(style: str):
     return replicas_util.build_mirrored(BATCH, style.split("_")[1])
 
 
-def _quantizers_by_range(graph: tf.Graph):
-    """{range variable scope: [qat FakeQuant ops reading it]}."""
+def _quantizers_by_range(graph: tf.Graph, names):
+    """{range variable scope: [qat FakeQuant ops of it]}: each replica's quantizer
+    is named as the range, under its replica scope (a replica's FakeQuant reads
+    its own step of the range, which may read no variable: weights)."""
+    prefixes = {n[:-len("/min")] for n in names if n.endswith("/min")}
     found = collections.defaultdict(list)
     for op in graph.get_operations():
         if op.type.startswith("FakeQuant") and marks.made_by_qat(op):
-            variable = placement.variable_op(op.inputs[1], max_ops=8)
-            found[variable.name[:-len("/min")]].append(op)
+            scope = op.name.rsplit("/", 1)[0]
+            owner = [p for p in prefixes if scope == p or scope.endswith("/" + p)]
+            found[max(owner, key=len)].append(op)
     return found
 
 
@@ -74,7 +78,7 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase, zoo_util.ZooAsserti
         graph, images, labels, train_op, _ = _build(style)
         ranges = replicas_util.range_variables(graph)
         names = [v.op.name for v in ranges]
-        by_range = _quantizers_by_range(graph)
+        by_range = _quantizers_by_range(graph, names)
         with graph.as_default():
             recalibrate = zoo_util.recalibrate_batch_norms(graph)
             saver = tf1.train.Saver()

@@ -6,11 +6,15 @@ step updates it with the min of the replicas' batch mins and the max of
 their batch maxes, then one moving-average step (weights: last value), so
 the mirrors stay equal; weights are quantized once per device; a checkpoint
 of the replicated training restores strictly into the single-device
-quantized model. A Keras 3 CNN (conv + BN + ReLU, pool, dense) trains 3
-`strategy.run` GradientTape steps on two logical CPU devices and its ranges
-are recomputed in numpy from each replica's quantized tensors (recorded by a
-probe the test adds to qat's training trace); Keras 3 `fit` and a plain
-`tf.Module` train under the strategy too.
+quantized model, which exports. Issue #36: the statistics of a step are
+all-reduced in one collective per replica trace, whatever the model's
+depth, and each replica's forward reads the range moved by its own batch
+(what one device training on that batch reads). A Keras 3 CNN (conv + BN +
+ReLU, pool, dense) trains 3 `strategy.run` GradientTape steps on two
+logical CPU devices and its ranges are recomputed in numpy from each
+replica's quantized tensors (recorded by a probe the test adds to qat's
+training trace); Keras 3 `fit` and a plain `tf.Module` train under the
+strategy too.
 
 The two logical CPU devices are configured at import, before TensorFlow
 initialises (it refuses afterwards): run this file in a process of its own
@@ -36,6 +40,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import qat  # pylint: disable=g-import-not-at-top,wrong-import-position
+from qat import export  # pylint: disable=g-import-not-at-top,wrong-import-position
 from qat.engine import marks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from qat.quantize.emit import quantizer_spec  # pylint: disable=g-import-not-at-top,wrong-import-position
 from qat.tf2 import rewriter as rewriter_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -52,14 +57,22 @@ def _two_devices() -> bool:
     return len(tf.config.list_logical_devices("CPU")) >= 2
 
 
-def _cnn():
+def _cnn(depth: int = 1):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 1))
-    x = keras.layers.Conv2D(4, 3, padding="same", use_bias=False)(inputs)
-    x = keras.layers.BatchNormalization()(x)
-    x = keras.layers.ReLU()(x)
+    x = inputs
+    for _ in range(depth):
+        x = keras.layers.Conv2D(4, 3, padding="same", use_bias=False)(x)
+        x = keras.layers.BatchNormalization()(x)
+        x = keras.layers.ReLU()(x)
     x = keras.layers.GlobalAveragePooling2D()(x)
     return keras.Model(inputs, keras.layers.Dense(3)(x))
+
+
+def _collectives(graph):
+    """qat's collective ops in a trace."""
+    return [op for op in graph.get_operations()
+            if op.type.startswith("Collective") and marks.made_by_qat(op)]
 
 
 class _Net(tf.Module):
@@ -226,19 +239,23 @@ class MirroredStrategyTest(absltest.TestCase):
                 continue
             batch = probe.batch_ranges()
             self.assertEqual(sorted(batch), sorted(expected))
+            reads = probe.fake_quant_ranges()
             for prefix, replica_ranges in batch.items():
                 self.assertLen(replica_ranges, 2, prefix)
-                expected[prefix] = _rule(expected[prefix], replica_ranges,
-                                         weights=prefix.rsplit("/", 1)[-1].startswith("weights_quant"),
-                                         step=step + 1)
+                weights = prefix.rsplit("/", 1)[-1].startswith("weights_quant")
+                before = expected[prefix]
+                expected[prefix] = _rule(before, replica_ranges, weights=weights, step=step + 1)
                 got = (_components(ranges[prefix + "/min"])[0],
                        _components(ranges[prefix + "/max"])[0])
                 np.testing.assert_allclose(got, expected[prefix], rtol=1e-6, atol=1e-7,
                                            err_msg=f"{prefix} after step {step + 1}")
-                # Every replica's training FakeQuant read the range updated
-                # with this step's batch.
-                for read in probe.fake_quant_ranges()[prefix]:
-                    np.testing.assert_array_equal(read, got, err_msg=prefix)
+                # Each replica's training FakeQuant read the range moved by
+                # its own batch alone from the range before the step (issue
+                # #36: no replica's forward waits for another's statistics).
+                for own, read in zip(replica_ranges, reads[prefix]):
+                    np.testing.assert_allclose(
+                        read, _rule(before, [own], weights=weights, step=step + 1),
+                        rtol=1e-6, atol=1e-7, err_msg=f"{prefix} read at step {step + 1}")
         return expected
 
     def test_keras_gradient_tape_steps_restore_into_single_device(self):
@@ -258,9 +275,12 @@ class MirroredStrategyTest(absltest.TestCase):
         batch = probe.batch_ranges()
         self.assertTrue(any(r[0] != r[1] for r in batch.values()))
 
+        # One collective per replica's training step, for every range.
+        self.assertEqual(sorted(probe.graphs), [0, 1])
+        for graph in probe.graphs.values():
+            self.assertLen(_collectives(graph), 1)
         # Weights quantized once per device: each replica's trace has its own
         # weight FakeQuants and reads only its own device's variables.
-        self.assertEqual(sorted(probe.graphs), [0, 1])
         for replica, graph in probe.graphs.items():
             weight_quants = [op for op in graph.get_operations()
                              if op.type in quantizer_spec.FAKE_QUANT_TYPES
@@ -285,6 +305,71 @@ class MirroredStrategyTest(absltest.TestCase):
         x, _ = _data(1, seed=7)
         np.testing.assert_allclose(single(x, training=False).numpy(),
                                    qm(x, training=False).numpy(), rtol=0, atol=1e-6)
+        # And exports, fully integer.
+        exported = export.export_model(
+            single, os.path.join(absltest.get_default_test_tmpdir(), "mirrored_export"),
+            parity_inputs=x)
+        self.assertGreaterEqual(exported.parity.top1_agreement, 0.99)
+
+    def test_one_collective_per_step_whatever_the_depth(self):
+        for depth in (1, 4):
+            with self.strategy.scope():
+                qm = qat.quantize_model(_cnn(depth))
+
+            @tf.function
+            def step(dist_x, qm=qm):
+                self.strategy.run(lambda x: qm(x, training=True), args=(dist_x,))
+
+            x, _ = _data(1, seed=2)
+            dataset = self.strategy.experimental_distribute_dataset(
+                tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL_BATCH))
+            with _Probe().installed() as probe:
+                step(next(iter(dataset)))
+            ranges = [n for n in qm.rewriter.store.names() if n.endswith("/min")]
+            self.assertGreaterEqual(len(ranges), 2 * depth + 3, ranges)
+            self.assertEqual(sorted(probe.graphs), [0, 1])
+            for graph in probe.graphs.values():
+                self.assertLen(_collectives(graph), 1, f"depth {depth}")
+            for name, v in _ranges(qm).items():
+                values = _components(v)
+                np.testing.assert_array_equal(values[0], values[1], err_msg=name)
+
+    def test_a_non_finite_batch_on_one_replica_is_skipped_by_both(self):
+        # One NaN pixel in replica 1's half: the combined statistics of every
+        # range it reaches are not finite on both replicas, so both keep the
+        # range and count the batch (issue #37's guard, decided alike).
+        with self.strategy.scope():
+            qm = qat.quantize_model(_cnn())
+            optimizer = keras.optimizers.SGD(0.1)
+        self._train(qm, optimizer, 1, seed=4)
+        ranges = _ranges(qm)
+        before = {name: _components(v)[0] for name, v in ranges.items()}
+        x, y = _data(1, seed=6)
+        x[REPLICA_BATCH + 1, 3, 3, 0] = np.nan
+
+        @tf.function
+        def step(dist_x, dist_y):
+            def replica_step(t, labels):
+                loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(labels, qm(t, training=True))
+                grads = tape.gradient(loss, qm.trainable_variables)
+                optimizer.apply_gradients(zip(grads, qm.trainable_variables))
+            self.strategy.run(replica_step, args=(dist_x, dist_y))
+
+        dataset = self.strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH))
+        step(*next(iter(dataset)))
+        counters = qm.rewriter.store.statistics
+        self.assertNotEmpty(counters)
+        activations = [n for n in ranges if n.endswith("/min") and "weights_quant" not in n]
+        for name in activations:
+            prefix = name[:-len("/min")]
+            for side in ("/min", "/max"):
+                values = _components(ranges[prefix + side])
+                np.testing.assert_array_equal(values[0], values[1], err_msg=prefix)
+                np.testing.assert_array_equal(values[0], before[prefix + side], err_msg=prefix)
+            self.assertEqual(_components(counters[prefix + "/skipped_batches"]), [1, 1], prefix)
 
     def test_keras_fit(self):
         with self.strategy.scope():

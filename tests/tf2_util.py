@@ -107,9 +107,13 @@ class ModuleCNN(tf.Module):
 def adam_step(model, learning_rate, jit_compile=None):
     """A tf.function GradientTape training step of `model` (Adam, logits);
     `jit_compile=True`: compiled by XLA."""
-    k = keras()
-    optimizer = k.optimizers.Adam(learning_rate)
-    loss_fn = k.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return gradient_step(model, keras().optimizers.Adam(learning_rate), jit_compile)
+
+
+def gradient_step(model, optimizer, jit_compile=None):
+    """A tf.function GradientTape training step of `model` with `optimizer`
+    (logits); `jit_compile=True`: compiled by XLA."""
+    loss_fn = keras().losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function(jit_compile=jit_compile)
     def step(xb, yb):

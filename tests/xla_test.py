@@ -132,19 +132,7 @@ def _copy(model):
 
 
 def _sgd_step(qm, jit_compile):
-    k = tf2_util.keras()
-    optimizer = k.optimizers.SGD(1e-2)
-    loss_fn = k.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function(jit_compile=jit_compile)
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, qm(x, training=True))
-        variables = qm.trainable_variables
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
-
-    return step
+    return tf2_util.gradient_step(qm, tf2_util.keras().optimizers.SGD(1e-2), jit_compile)
 
 
 class TrainingStepTest(absltest.TestCase):

@@ -9,8 +9,8 @@ importing this room:
                     single-replica eval graph names it
   replica_stats  -> a later call's replicas join the ranges an earlier call
                     built (contrib's model_fn style)
-  worker_ranges  -> MultiWorkerMirroredStrategy: range statistics
-                    all-reduced across workers
+  worker_ranges  -> MultiWorkerMirroredStrategy: a step's range
+                    statistics all-reduced across workers (one collective)
   data_parallel  -> `DataParallel`, the hook filled with the three above
 """
 from qat.distribute.data_parallel import DATA_PARALLEL

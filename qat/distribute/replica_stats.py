@@ -2,13 +2,22 @@
 
 Called inside a replica function (contrib's model_fn style, once per
 replica), the first call builds the ranges of replica 0; each later call
-finds them by name (`qat.distribute.replicas` strips the replica scope) and
-its quantizers read them. In training, the later replica's batch statistics
-join the earlier range's update: the consumers of the earlier quantizer's
-batch max (min) read the maximum (minimum) of it and the new replica's, so
-the update takes the min of mins and max of maxes over every replica, as
-when all replicas are quantized in one call. Each replica's reduction runs
-on its own device.
+finds them by name (`qat.distribute.replicas` strips the replica scope).
+
+Under a strategy with several replicas in the process, the first call knows
+later calls will come (`later_calls_expected`): it combines its ranges'
+statistics once per step at a join (`qat.quantize.emit.step_statistics`),
+and each later call's quantizers move those ranges with their own replica's
+batch in the forward and join their statistics there (`statistics_joins`):
+one more Minimum per call, the update the same min of mins and max of maxes
+as when all replicas are quantized in one call.
+
+Where the first call could not know (TF1 towers or clones rewritten one by
+one), its quantizers update each range in the forward; a later call's
+quantizers read the updated range and its batch statistics join each
+update (`join_statistics`): the consumers of the earlier quantizer's batch
+max (min) read the maximum (minimum) of it and the new replica's. Each
+replica's reduction runs on its own device.
 """
 from typing import Dict, List, Optional, Tuple
 
@@ -17,6 +26,8 @@ import tensorflow as tf
 from qat.engine import marks
 from qat.engine import placement
 from qat.matching.tensors import FAKE_QUANT_TYPES
+from qat.quantize.emit import finite_ranges
+from qat.quantize.emit import statistics_packs
 
 _FLOAT = tf.float32
 # (earlier quantizer's op name, reduction, combination) per side of a range.
@@ -29,8 +40,18 @@ def earlier_ranges(graph: tf.Graph) -> Dict[str, Tuple[tf.Tensor, ...]]:
     Returns:
       {prefix: (min, max as its own FakeQuant reads them, min, max as before
       this step's update)} for every range with variables `<prefix>/min|max`.
+      A range whose statistics a join combines (`statistics_joins`) is found
+      through the join; its FakeQuant reads its replica's own step, so the
+      first two are the reads before the update too, and a fifth is its
+      skipped-batch counter before the update.
     """
     found = {}
+    for prefix in statistics_joins(graph):
+        sides = ("min", "max", finite_ranges.SKIPPED_BATCHES)
+        snapshots = [_snapshot_read(graph, f"{prefix}/{side}") for side in sides]
+        if None not in snapshots:
+            reads = tuple(s.outputs[0] for s in snapshots)
+            found[prefix] = reads[:2] * 2 + reads[2:]
     for op in graph.get_operations():
         if op.type not in FAKE_QUANT_TYPES or not marks.made_by_qat(op):
             continue
@@ -38,8 +59,8 @@ def earlier_ranges(graph: tf.Graph) -> Dict[str, Tuple[tf.Tensor, ...]]:
         if variable is None or not variable.name.endswith("/min"):
             continue
         prefix = variable.name[:-len("/min")]
-        if not op.name.startswith(prefix + "/"):
-            continue  # Another quantizer reading the range; its owner names it.
+        if prefix in found or not op.name.startswith(prefix + "/"):
+            continue  # Found through its join, or another quantizer's; its owner names it.
         snapshots = [_snapshot_read(graph, f"{prefix}/{side}") for side in ("min", "max")]
         if None in snapshots:
             continue
@@ -48,13 +69,34 @@ def earlier_ranges(graph: tf.Graph) -> Dict[str, Tuple[tf.Tensor, ...]]:
 
 
 def _snapshot_read(graph: tf.Graph, variable: str) -> Optional[tf.Operation]:
-    """The variable's snapshot read: a resource variable's or a ref variable's."""
-    for name in (variable + "/Read/ReadVariableOp", variable + "/read"):
+    """The read of the variable before its update: a ref variable's copy its
+    update waits for, a resource variable's snapshot read, a ref variable's read."""
+    for name in (variable + "/before_update", variable + "/Read/ReadVariableOp",
+                 variable + "/read"):
         try:
             return graph.get_operation_by_name(name)
         except KeyError:
             pass
     return None
+
+
+def statistics_joins(graph: tf.Graph) -> Dict[str, tf.Operation]:
+    """{range prefix: the join combining its statistics} of an earlier call."""
+    found = {}
+    for op in graph.get_operations():
+        if op.type == "Identity" and marks.made_by_qat(op, marks.RANGE_STATISTICS):
+            for name in op.get_attr(statistics_packs.RANGES_ATTR):
+                found[name.decode()] = op
+    return found
+
+
+def later_calls_expected() -> bool:
+    """Whether the rewrite runs in one replica's function of several in this
+    process (graph mode), so later calls quantize the other replicas."""
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return False
+    strategy = tf.distribute.get_replica_context().strategy
+    return len(getattr(strategy.extended, "worker_devices", ())) > 1
 
 
 def join_statistics(rewrite, members: Dict[str, List[tf.Tensor]]) -> None:

@@ -24,10 +24,12 @@ eval graphs alike: both applications share the ranges.
 Sharing (`share`, after the planner's visits): plans whose names are equal
 once their replica scope is removed are one range, owned by the first
 replica's plan and named without the scope (`model/conv1/act_quant`), as the
-single-replica eval graph names it. The other replicas' quantizers read that
-range (`Plan.shared`) and own no variables; each keeps its FakeQuant on its
-own device. A weight read by layers on several devices gets one quantizer per
-device (the weights are never read across devices), all reading one range.
+single-replica eval graph names it. The other replicas' quantizers own no
+variables; each keeps its FakeQuant on its own device. In training they move
+the owner's range with their own replica's batch (`Plan.replica_of`); in
+eval graphs they read it (`Plan.shared`). A weight read by layers on several
+devices gets one quantizer per device (the weights are never read across
+devices), all reading one range.
 
 Combination rule: each step the shared range's update takes the min of the
 replicas' batch mins and the max of their batch maxes, then one moving-average
@@ -35,10 +37,11 @@ step (weights: one last-value step). That is the range of the whole batch
 the replicas split between them, so training with N replicas updates ranges
 exactly as one replica training on the total batch would, whatever the
 split; min and max are exact, so the result does not depend on the order of
-the replicas (deterministic). Each replica reduces its own tensor on its own
-device; only the two scalars cross devices. Per-channel weight ranges are
-taken from the first replica's weights (replicas read copies of one
-variable).
+the replicas (deterministic). The statistics of every range are combined at
+once, after the forward (`qat.quantize.emit.step_statistics`): each replica
+reduces its own tensors on its own device, and one packed vector per device
+crosses devices. Each replica's forward reads the range moved by its own
+batch, so no replica waits for another's statistics.
 
 Called inside the replica function (contrib's model_fn style), the first call
 sees one replica and plans as for one model; a later call finds the earlier
@@ -221,24 +224,34 @@ def share(planner, plans: List) -> List:
             continue
         groups.setdefault((name, plan.is_weight), []).append((k, plan))
     # Ranges of an earlier call, by their names without a replica scope (replica 0
-    # of a strategy has none; a tower's keeps `tower_0/` in its variables' names).
-    earlier = {replicas.strip(prefix)[1]: found
+    # of a strategy has none; a tower's keeps `tower_0/` in its variables' names),
+    # with the join of its step statistics if it has one.
+    joins = replica_stats.statistics_joins(planner.graph) if planner.is_training else {}
+    earlier = {replicas.strip(prefix)[1]: (found, joins.get(prefix))
                for prefix, found in replica_stats.earlier_ranges(planner.graph).items()}
     for (name, _), members in groups.items():
         members.sort(key=lambda m: m[0])
         if len({k for k, _ in members}) != len(members):
             continue  # Two ranges of one replica: not replicas of one tensor.
         if name in earlier:
-            # Built by an earlier call (the first replica's): read and joined.
+            # Built by an earlier call (the first replica's): moved by this
+            # replica's batch and joined at its step statistics, or read and
+            # joined range by range.
+            found, join = earlier[name]
             for _, plan in members:
-                plan.earlier, plan.shared, plan.members = earlier[name], None, []
+                plan.earlier, plan.earlier_join, plan.shared = found, join, None
+                if join is None:
+                    plan.members = []
             continue
         owner = members[0][1]
         owner.prefix = name
         for _, plan in members[1:]:
+            if planner.is_training:
+                # Its own batch moves the range its forward reads; the update
+                # combines every replica's statistics once per step.
+                plan.replica_of = owner
+                continue
             plan.shared, plan.before_update = owner, False
-            if not owner.per_channel:
-                owner.members.extend([plan.tensor] + plan.members)
             plan.members = []
     return plans
 

@@ -9,16 +9,17 @@ would average its own batches' statistics and the chief's checkpoint would
 hold the chief's ranges only.
 
 So, when the rewrite runs under such a strategy (inside `strategy.scope()`
-or a replica function), each range update all-reduces its batch min and max
-across the workers before the moving-average step (`CollectiveReduceV2`,
-merge op Min and Max, on the worker's first device), after the worker's own
-replicas were combined (`qat.distribute.replicas`). Every worker then applies
-the same update to the same initial value: the ranges stay equal, step after
-step, and follow the same combination rule as replicas in one process (the
-min of all mins, the max of all maxes; exact, so order-independent). The
-collectives use the strategy's own collective keys, allocated in planning
-order, which is the same on every worker because every worker builds the same
-graph.
+or a replica function), each step all-reduces the statistics of every range
+across the workers in one collective (`CollectiveReduceV2`, merge op Min, on
+the worker's first device) of the vector `qat.quantize.emit.step_statistics`
+packs (the batch mins and the negated batch maxes), after the worker's own
+replicas were combined (`qat.distribute.replicas`), and before the updates.
+Every worker then applies the same update to the same initial value: the
+ranges stay equal, step after step, and follow the same combination rule as
+replicas in one process (the min of all mins, the max of all maxes; exact, so
+order-independent). The collective uses the strategy's own collective keys;
+every worker builds the same graph, so every worker's vector has the same
+layout.
 """
 from typing import Optional, Tuple
 
@@ -27,7 +28,7 @@ from tensorflow.python.ops import collective_ops
 
 
 class WorkerAllReduce(object):
-    """All-reduces range statistics across the workers of a strategy.
+    """All-reduces a step's range statistics across the workers of a strategy.
 
     Args:
       keys: the strategy's `CollectiveKeys`.
@@ -42,7 +43,8 @@ class WorkerAllReduce(object):
         self._group_key = keys.get_group_key([device])
 
     def emit(self, nodes, scope: str, value: str, merge_op: str) -> str:
-        """Adds the all-reduce of batch node `value` (`name:<i>`); returns its output.
+        """Adds the all-reduce of batch node `value` (`name:<i>`, a step's packed
+        statistics); returns its output.
 
         Args:
           nodes: the rewrite's `NodeBatch`.

@@ -32,6 +32,9 @@ CONSTANT_FILL = "constant_fill"
 ZERO_GUARD = "zero_guard"
 # A quantized layer computing in float16 / bfloat16 and its casts (`qat.tf2.precision`).
 LOW_PRECISION = "low_precision"
+# Replicas: where the range statistics of a step are combined
+# (`qat.quantize.emit.step_statistics`).
+RANGE_STATISTICS = "range_statistics"
 
 # The roles of ops a prepare pass puts in place of the user's: the model's own
 # computations, written by qat (not ranges, folds or other machinery).

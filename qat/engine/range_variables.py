@@ -220,12 +220,14 @@ class VariableEmitter(object):
         return self._before[variable]
 
     def assign(self, scope: str, variable: str, value: str, device: str = "",
-               control: Sequence[str] = (), **attrs) -> str:
-        """`variable = value`; returns the node of the updated value.
+               control: Sequence[str] = (), return_read: bool = True, **attrs) -> str:
+        """`variable = value`; returns the node of the updated value, or
+        without `return_read` the update op (for control dependencies).
 
         `control`: nodes the update runs after (their ops run with it).
         """
-        return self._update(scope, "Assign", variable, value, device, attrs, control)
+        return self._update(scope, "Assign", variable, value, device, attrs, control,
+                            return_read=return_read)
 
     def assign_sub(self, scope: str, variable: str, delta: str, device: str = "",
                    control: Sequence[str] = (), **attrs) -> str:

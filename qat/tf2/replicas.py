@@ -14,28 +14,29 @@ replica's context. The graph path's rule (issue #27,
 * Each replica's trace reads and updates its own device's component
   (`variable_handles`); nothing is read across devices. Weights are
   quantized once per device, from that device's copy.
-* Each range update all-reduces the replica's batch min (merge
-  op Min) and batch max (Max) over the replicas before the moving-average
-  step (`ReplicaAllReduce`, emitted by `qat.quantize.emit.range_updates` where the
-  graph path emits its multi-worker all-reduce): every replica then applies
-  the same update to the same value, so the components stay equal, and the
-  range follows one replica training on the whole batch (min and max are
-  exact, so the result does not depend on how the batch was split). The
-  training FakeQuant reads the range updated with this step's statistics, as
-  in the graph path. Weight ranges too: a weight folded with a batch norm's
-  batch statistics differs between replicas (each folds with its own
-  batch's); a per-channel range takes the min and max per channel.
+* Each replica's forward quantizes with the range moved by its own batch;
+  after it, one all-reduce (merge op Min, `ReplicaAllReduce`) combines the
+  statistics of every range, packed in one vector by
+  `qat.quantize.emit.step_statistics` (the graph path all-reduces across
+  workers the same way): every replica then applies the same update to the
+  same value, so the components stay equal, and the range follows one
+  replica training on the whole batch (min and max are exact, so the result
+  does not depend on how the batch was split). Weight ranges too: a weight
+  folded with a batch norm's batch statistics may differ between replicas;
+  a per-channel range takes the min and max per channel.
 
-The all-reduces are collective ops inside each replica's function, as TF's
+The all-reduce is a collective op inside each replica's function, as TF's
 own `CollectiveAllReduce` builds them for CPU and GPU replicas, with keys
 of qat's own (a group key far above the strategies', instance keys
 allocated per device in tracing order, as the replicas trace alike, and
-never reused in the process) and an ordering token per device. The token matters: collectives are stateful, and without a resource
-input TF's automatic control dependencies chain every stateful op of a
-function in program order, so one device's collective would wait for the
-other device's, which waits for the first (a hang that ends in "Collective
-has timed out waiting for other workers"). With the token each device's
-collectives are ordered among themselves only.
+never reused in the process) and an ordering token per device. The token
+matters: collectives are stateful, and without a resource input TF's
+automatic control dependencies chain every stateful op of a function in
+program order, so one device's collective could wait for a stateful op
+that waits for the other device's (a hang that ends in "Collective has
+timed out waiting for other workers"). With the token each device's
+collectives are ordered among themselves only. A function runs every
+stateful op it holds, so the update needs nothing to wait for it.
 
 `quantize_model`, called in cross-replica context (under
 `strategy.scope()`), traces its plan as replica 0 (`planning_replica`). A
@@ -156,7 +157,7 @@ def _collectives(strategy) -> _Collectives:
 
 
 class ReplicaAllReduce(object):
-    """All-reduces one replica's range statistics over the strategy's replicas.
+    """All-reduces one replica's step statistics over the strategy's replicas.
 
     The `spec.all_reduce` of `qat.quantize.emit.range_updates` (the interface of
     `qat.distribute.worker_ranges.WorkerAllReduce`) for the trace of one replica.
@@ -171,7 +172,8 @@ class ReplicaAllReduce(object):
         self.device = device
 
     def emit(self, nodes, scope: str, value: str, merge_op: str) -> str:
-        """Adds the all-reduce of batch node `value` (`name:<i>`); returns its output.
+        """Adds the all-reduce of batch node `value` (`name:<i>`, a step's packed
+        statistics); returns its output.
 
         Args:
           nodes: the rewrite's `NodeBatch` (of a function graph).
@@ -286,7 +288,7 @@ class TraceReplication(replication.Replication):
     Under a strategy every replica traces the model on its own (one model per
     trace, its variables captured), so nothing in a trace is a replica of
     anything else: what joins the replicas is the all-reduce of a training
-    trace's range statistics (`all_reduce_for_trace`; none for the plan,
+    trace's step statistics (`all_reduce_for_trace`; none for the plan,
     which is traced, never run).
 
     Args:

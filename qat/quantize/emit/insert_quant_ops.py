@@ -26,6 +26,7 @@ from absl import logging
 import tensorflow as tf
 
 from qat.engine import config as config_lib
+from qat.engine import function_graphs
 from qat.engine import marks
 from qat.engine import placement as placement_lib
 from qat.engine import preconditions
@@ -34,6 +35,7 @@ from qat.engine import step_counter
 from qat.quantize.emit import quantizer_batch
 from qat.matching import standalone_batch_norms
 from qat.quantize.emit import standalone_batch_norm
+from qat.quantize.emit import statistics_packs
 from qat.quantize.plan import fixed_ranges
 from qat.quantize.plan import kernel_preconditions
 from qat.quantize.plan import replication as replication_lib
@@ -158,17 +160,17 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
     step = step_counter.step_for(rewrite) if config.is_training or config.quant_delay else None
     placement = placement_lib.Placement(graph)
     specs = [_spec(plan, config, placement) for plan in plans]
-    all_reduce = replication.all_reduce() if config.is_training else None
-    for spec in specs:
-        spec.all_reduce = all_reduce  # Ranges equal on every worker / replica.
+    if config.is_training:
+        _combine_replicas(graph, plans, specs, replication)
     indices = {}   # plan position -> quantizer index
     quantized = {}  # tensor -> node its consumers read instead
 
     position = {id(plan): k for k, plan in enumerate(plans)}
 
     def depends(k):
-        """Plans whose quantizers quantizer `k` reads (shared ranges)."""
-        return [position[id(plans[k].shared)]] if plans[k].shared is not None else []
+        """Plans whose quantizers quantizer `k` reads (shared ranges, a replica's variables)."""
+        return [position[id(other)] for other in (plans[k].shared, plans[k].replica_of)
+                if other is not None]
 
     adding = set()  # Quantizers being added (their floors' ranges first).
 
@@ -178,10 +180,13 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
         plan = plans[k]
         spec = specs[k]
         adding.add(k)
-        for j in depends(k):  # The plan whose range this one reads.
+        for j in depends(k):  # The plan whose range (variables) this one reads.
             add(j)
-            spec.range_of = indices[j]
+        if plan.shared is not None:
+            spec.range_of = indices[position[id(plan.shared)]]
             spec.range_before_update = plan.before_update
+        if plan.replica_of is not None:
+            spec.replica_of = indices[position[id(plan.replica_of)]]
         if config.is_training and plan.requirements:
             # The ranges its kernel floors read are built first; those read as
             # before the update (`lagged`) only need their variables.
@@ -255,6 +260,33 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
     return QuantizeResult(quantizers=quantizers, left_float=left_float)
 
 
+def _combine_replicas(graph: tf.Graph, plans: List[Plan], specs, replication) -> None:
+    """Marks the training ranges replicas share as combined once per step.
+
+    Shared with the replicas in this graph (`Plan.replica_of`), with later
+    calls' replicas (`Replication.joins_later_replicas`), with an earlier
+    call's replica (`Plan.earlier_join`), or across processes
+    (`Replication.all_reduce`): see `qat.quantize.emit.step_statistics`.
+    """
+    all_reduce = replication.all_reduce()
+    joinable = replication.joins_later_replicas()
+    replicated = {id(plan.replica_of) for plan in plans if plan.replica_of is not None}
+    combined = []
+    for plan, spec in zip(plans, specs):
+        learns = plan.shared is None and plan.fixed is None and (
+            plan.earlier is None or plan.earlier_join is not None)
+        spec.all_reduce = all_reduce  # Ranges equal on every worker / replica.
+        spec.combined = learns and (all_reduce is not None or joinable or id(plan) in replicated
+                                    or plan.replica_of is not None or plan.earlier is not None)
+        spec.earlier_join = plan.earlier_join
+        combined.append(spec.combined)
+    owned = any(c and plan.earlier is None for plan, c in zip(plans, combined))
+    # A tf.function runs every update; a graph runs what a fetch needs.
+    if owned and not function_graphs.is_function_graph(graph):
+        for k in statistics_packs.gated_plans(plans, combined):
+            specs[k].gated = True
+
+
 def _floor_plans(plan: Plan, position) -> List[int]:
     """Positions of the plans whose updated ranges `plan`'s kernel floors read."""
     return [position[id(s)] for req in plan.requirements if not req.lagged
@@ -279,7 +311,7 @@ def _range_input(source, position, specs, indices, lagged: bool, batch
     spec = specs[j]
     if j not in indices:
         if not lagged or spec.fixed_range is not None or spec.per_channel or (
-                spec.earlier_range is not None):
+                spec.earlier_range is not None or source.replica_of is not None):
             return None  # A cycle of floors: never built before this one.
         return quantizer_batch.RangeInput(  # Its variables, before this step's update.
             variables=batch.declare(spec),

@@ -47,6 +47,7 @@ from qat.engine import range_variables
 from qat.engine import rewrite as rewrite_lib
 from qat.quantize.emit import fake_quant_gradient
 from qat.quantize.emit import range_updates
+from qat.quantize.emit import step_statistics
 
 # pylint: disable=unused-import
 from qat.quantize.emit.quantizer_spec import DEFAULT_VARS_COLLECTION
@@ -68,7 +69,7 @@ _INT32 = tf.int32
 _INT64 = tf.int64
 
 
-class QuantizerBatch(range_updates.RangeUpdates):
+class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics):
     """Builds many quantizers with one GraphDef import.
 
     Used in two ways: a pass hands it its `qat.engine.rewrite.Rewrite`, adds
@@ -109,6 +110,7 @@ class QuantizerBatch(range_updates.RangeUpdates):
         self._ranges: List[tuple] = []
         self._device = ""           # Of the quantizer being added.
         self._variable_device = ""
+        self._init_step_statistics()
 
     # --- NodeDef helpers (the batch mechanics are qat.engine.node_batch's) ----
 
@@ -221,9 +223,15 @@ class QuantizerBatch(range_updates.RangeUpdates):
             self._earlier.append(None)
         elif spec.earlier_range is not None:
             # An earlier call's range: its variables are what its reads read.
-            min_var, max_var = [t.op.inputs[0].op.name for t in spec.earlier_range[2:]]
-            lo, hi = [self._external(t) for t in spec.earlier_range[:2]]
-            self._earlier.append(tuple(spec.earlier_range[2:]))
+            min_var, max_var = [t.op.inputs[0].op.name for t in spec.earlier_range[2:4]]
+            if spec.combined and spec.is_training:
+                # Learnt from this replica's batch; its statistics join the earlier call's.
+                for var, t in zip((min_var, max_var), spec.earlier_range[2:4]):
+                    self._reads[var] = t
+                lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
+            else:
+                lo, hi = [self._external(t) for t in spec.earlier_range[:2]]
+            self._earlier.append(tuple(spec.earlier_range[2:4]))
         elif spec.range_of is not None:
             min_var, max_var = self._variables[spec.range_of]
             earlier = self._earlier[spec.range_of]
@@ -242,6 +250,14 @@ class QuantizerBatch(range_updates.RangeUpdates):
                 lo = self._variables_emitter.snapshot(min_var)
                 hi = self._variables_emitter.snapshot(max_var)
             self._earlier.append(earlier)
+        elif spec.replica_of is not None:
+            # Another replica's range: this replica's batch moves it in its forward.
+            min_var, max_var = self._variables[spec.replica_of]
+            self._earlier.append(None)
+            if spec.is_training:
+                lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
+            else:
+                lo, hi = self._ranges[spec.replica_of]
         else:
             if declared:
                 min_var, max_var = declared[1:]
@@ -266,7 +282,8 @@ class QuantizerBatch(range_updates.RangeUpdates):
                            or (spec.range_of is not None and self._fixed[spec.range_of]))
         fq_type = ("FakeQuantWithMinMaxVarsPerChannel" if spec.per_channel
                    else "FakeQuantWithMinMaxVars")
-        last = not (spec.channel_reshape or spec.quant_delay or low_dtype)
+        gated = spec.gated and spec.is_training
+        last = not (spec.channel_reshape or spec.quant_delay or low_dtype or gated)
         out = self._node(p + "/" + FAKE_QUANT_NAME, fq_type, [x, lo, hi],
                          num_bits=spec.num_bits,
                          narrow_range=bool(spec.narrow_range),
@@ -285,10 +302,10 @@ class QuantizerBatch(range_updates.RangeUpdates):
                                spec.inputs.shape.as_list(), tf.int32)
             out = self._node(p + "/Reshape_1", "Reshape", [out, back],
                              T=_FLOAT, Tshape=_INT32,
-                             **_output_mark(not spec.quant_delay and low_dtype is None))
+                             **_output_mark(not (spec.quant_delay or low_dtype or gated)))
         if low_dtype is not None:
             out = self._cast(p + "/FromFloat32", out, _FLOAT, low_dtype,
-                             **_output_mark(not spec.quant_delay))
+                             **_output_mark(not (spec.quant_delay or gated)))
         if spec.quant_delay:
             if step is None:
                 raise ValueError("quant_delay needs the quantization step.")
@@ -299,8 +316,14 @@ class QuantizerBatch(range_updates.RangeUpdates):
             # chosen input; SelectV2 broadcasts and copies it.
             out = self._node(p + "/delayed_quant", "Select",
                              [active, out, input_ref or self._external(spec.inputs)],
-                             T=spec.inputs.dtype.base_dtype, **_output_mark(True),
+                             T=spec.inputs.dtype.base_dtype, **_output_mark(not gated),
                              **gradient)
+        if gated:
+            # Replicas: the value waits for this step's combined range updates
+            # (no range's statistics read it: `statistics_packs.gated_plans`).
+            out = self._node(p + "/after_range_update", "Identity", [out],
+                             control=[self.update_group()],
+                             T=spec.inputs.dtype.base_dtype, **_output_mark(True))
         self._outputs.append(out + ":0")
         return len(self._outputs) - 1
 
@@ -348,8 +371,10 @@ class QuantizerBatch(range_updates.RangeUpdates):
         return self._variables[index][0].rsplit("/", 1)[0]
 
     def finish(self) -> None:
-        """Adds what the quantizers share (the moving averages' rates, the
-        nudged ranges of training ones)."""
+        """Adds what the quantizers share: the replicas' combined range updates
+        (`step_statistics`), the moving averages' rates, the nudged ranges of
+        training quantizers."""
+        self._combine_step_statistics()  # Before the rates: it asks for some.
         self._emit_rates()
         if self._training_fake_quants:
             fake_quant_gradient.add_nudged_ranges(

@@ -140,6 +140,23 @@ class QuantizerSpec:
       floors: in training, lower bounds on the moving-average range's width
         (TFLite kernel preconditions, `qat.quantize.emit.range_floors`),
         applied after the moving average: the assigned range meets them.
+      all_reduce: in training, what combines the statistics of this process
+        with those of the other workers or replicas (`emit(nodes, scope,
+        value, merge_op)`, `qat.quantize.plan.replication`): one call per
+        batch, on every combined range's statistics at once.
+      combined: in training, the range is shared with other replicas: the
+        FakeQuant reads the range moved by this batch's statistics, and the
+        variables are assigned once, after the forward, from every
+        replica's statistics (`qat.quantize.emit.step_statistics`).
+      replica_of: with `combined`, the index, in the same batch, of the
+        quantizer owning the variables this replica's range moves.
+      earlier_range: a replica's range an earlier call built
+        (`qat.distribute.replica_stats.earlier_ranges`): (min, max as its
+        FakeQuant reads them, min, max before this step's update).
+      earlier_join: with `combined` and `earlier_range`, the earlier call's
+        join (`step_statistics`) this quantizer's statistics join.
+      gated: in training, the output waits for the batch's combined range
+        updates (no combined range's statistics read it).
     """
     inputs: tf.Tensor
     prefix: str
@@ -167,6 +184,10 @@ class QuantizerSpec:
     fixed_range: Optional[Tuple[float, float]] = None
     floors: Tuple[WidthFloor, ...] = ()
     variables_prefix: Optional[str] = None
+    combined: bool = False
+    replica_of: Optional[int] = None
+    earlier_join: Optional[tf.Operation] = None
+    gated: bool = False
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""

@@ -112,14 +112,11 @@ class RangeFloors(object):
 
     def _range_nodes(self, r: "quantizer_spec.RangeInput"):
         if r.variables is not None:
-            return tuple(self._variables_emitter.before_update(v, self._variable_device)
-                         for v in r.variables)
+            return tuple(self._before_update(v) for v in r.variables)
         if r.index is not None:
             if r.before_update and not self._fixed[r.index]:
-                min_var, max_var = self._variables[r.index]
-                return (self._variables_emitter.before_update(min_var, self._variable_device),
-                        self._variables_emitter.before_update(max_var, self._variable_device))
-            return self._ranges[r.index]
+                return tuple(self._before_update(v) for v in self._variables[r.index])
+            return self._range_view[r.index]
         if r.tensors is not None:
             return tuple(self._external(t) for t in r.tensors)
         return tuple(self._shared_const("floor_range", float(v), tf.float32) for v in r.constant)
@@ -130,7 +127,9 @@ class RangeFloors(object):
         Computed once per range and batch (several floors read one range).
         """
         key = ("floor_width", r.index, r.tensors, r.variables, r.constant, r.before_update,
-               reduce and r.per_channel)
+               reduce and r.per_channel,
+               # Replicas' combined step: a range of the batch as combined, not as read.
+               r.index is not None and self._range_view is not self._ranges)
         if key not in self._shared:
             if reduce and r.per_channel:
                 node = self._node(q + "/max_width", "Max",
@@ -145,20 +144,24 @@ class RangeFloors(object):
 
     def _bias_ratio(self, q: str, floor: "quantizer_spec.WidthFloor") -> str:
         """max_c |bias_c| / W_w,c (0 for a channel of zero weights)."""
-        bias = self._bias_value(q + "/bias", floor.bias)
-        if not _is_vector(floor.bias):  # Scalar terms only: a vector to reduce.
-            bias = self._node(q + "/bias/flat", "Reshape",
-                              [bias, self._shared_const("flat_shape", [-1], tf.int32)],
-                              T=_FLOAT, Tshape=_INT32)
-        magnitude = self._node(q + "/abs_bias", "Abs", [bias], T=_FLOAT)
         weights = floor.weights
-        width, _ = self._width(q + "/weights", weights, reduce=False)
         axis = self._shared_const("reduction_indices", [0], tf.int32)
-        if weights.per_channel and not _lines_up(floor.bias, weights.channels):
-            # Bias and weight channels not known to line up: the largest bias
-            # against every channel's scale (never less than the per-channel bound).
-            magnitude = self._node(q + "/max_abs_bias", "Max", [magnitude, axis],
-                                   T=_FLOAT, Tidx=_INT32)
+        key = ("bias_magnitude", id(floor))  # The same for a replicas' combined update.
+        if key not in self._shared:
+            bias = self._bias_value(q + "/bias", floor.bias)
+            if not _is_vector(floor.bias):  # Scalar terms only: a vector to reduce.
+                bias = self._node(q + "/bias/flat", "Reshape",
+                                  [bias, self._shared_const("flat_shape", [-1], tf.int32)],
+                                  T=_FLOAT, Tshape=_INT32)
+            magnitude = self._node(q + "/abs_bias", "Abs", [bias], T=_FLOAT)
+            if weights.per_channel and not _lines_up(floor.bias, weights.channels):
+                # Bias and weight channels not known to line up: the largest bias
+                # against every channel's scale (never less than the per-channel bound).
+                magnitude = self._node(q + "/max_abs_bias", "Max", [magnitude, axis],
+                                       T=_FLOAT, Tidx=_INT32)
+            self._shared[key] = magnitude
+        magnitude = self._shared[key]
+        width, _ = self._width(q + "/weights", weights, reduce=False)
         ratio = self._node(q + "/ratio", "DivNoNan", [magnitude, width], T=_FLOAT)
         return self._node(q + "/max_ratio", "Max", [ratio, axis], T=_FLOAT, Tidx=_INT32)
 

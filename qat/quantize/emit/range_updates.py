@@ -14,6 +14,13 @@ batch whose range is not finite leaves the range as it was and is counted
 (`qat.quantize.emit.finite_ranges`).
 Each method writes NodeDefs through `QuantizerBatch`'s helpers and returns the
 names of the range's (min, max).
+
+Replicas (`QuantizerSpec.combined`): the range step runs twice. In the
+forward, nothing assigned or counted: the range this replica's FakeQuant
+reads, moved by its own batch statistics (kept as it was where they are not
+finite). After the forward, from the statistics of every replica combined in
+one reduction (`qat.quantize.emit.step_statistics`): the step the variables
+are assigned, decided alike on every replica.
 """
 import dataclasses
 
@@ -46,7 +53,6 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
     """Mixin of `qat.quantize.emit.quantizer_batch.QuantizerBatch` (uses its NodeDef helpers)."""
 
     def _updates(self, spec, p, x, rank, min_var, max_var, step):
-        zero = self._shared_const("zero", 0.0, tf.float32)
         nonnegative = spec.nonnegative and not spec.per_channel
         batch_min, batch_max = self._batch_range(spec, p, x, rank, nonnegative)
         for k, t in enumerate(spec.statistics_of):
@@ -67,11 +73,26 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
                     q + "/GroupMin", "Minimum", [batch_min, y_min], T=_FLOAT)
             batch_max = self._node(q + "/GroupMax", "Maximum", [batch_max, y_max],
                                    T=_FLOAT)
-        if spec.all_reduce is not None:  # The same range on every worker.
-            if batch_min is not None:
-                batch_min = spec.all_reduce.emit(self._nodes, p + "/all_reduce_min", batch_min, "Min")
-            batch_max = spec.all_reduce.emit(self._nodes, p + "/all_reduce_max", batch_max, "Max")
-        # After the all-reduce, so every replica keeps or updates alike.
+        counter = self._range_counter(spec, p)
+        variables = (min_var, max_var)
+        scopes, values, width = self._range_step(spec, p, batch_min, batch_max, variables, step,
+                                                 counter)
+        finite = self._finite(p, width, spec.per_channel, *values)
+        if spec.combined:  # Replicas: combined once per step, after the forward.
+            self._contribute(spec, p, batch_min, batch_max, variables, step, counter)
+            return self._kept(scopes, variables, values, finite)
+        return self._assign_finite(p, scopes, variables, values, finite, counter)
+
+    def _range_step(self, spec, p, batch_min, batch_max, variables, step, counter,
+                    rate=None):
+        """The range after this step's batch, not assigned: (the assignments'
+        scopes, (min, max), the batch range's width).
+
+        `batch_min` is None for nonnegative values; `rate`: the moving
+        average's (by default the range's own, `_ema_rate`).
+        """
+        zero = self._shared_const("zero", 0.0, tf.float32)
+        min_var, max_var = variables
         width = self._batch_width(p, batch_min, batch_max)
         nonnegative = batch_min is None
         if nonnegative:
@@ -88,20 +109,38 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
             lo, hi = self._widen_empty(p, lo, hi)
         if spec.symmetric:
             lo, hi = self._symmetric(p, lo, hi, spec.num_bits, spec.narrow_range)
-        counter = self._skipped_counter(p)
         scopes = (p + "/AssignMinLast", p + "/AssignMaxLast")
         if spec.moving_average:
             scopes = (p + "/AssignMinEma", p + "/AssignMaxEma")
-            rate = self._ema_rate(float(spec.ema_decay), step if spec.init_from_first_batch
-                                  else None, p, counter)
+            if rate is None:
+                rate = self._ema_rate(float(spec.ema_decay), step if spec.init_from_first_batch
+                                      else None, p, counter)
             if spec.floors and not spec.per_channel:
                 # Floors widen the average: finite only if they are too.
                 lo, hi = self._floored_average(spec, p, min_var, max_var, lo, hi, rate)
             else:
                 lo, hi = (self._average(scope, var, value, rate) for scope, var, value
                           in zip(scopes, (min_var, max_var), (lo, hi)))
-        return self._assign_finite(p, scopes, (min_var, max_var), (lo, hi),
-                                   self._finite(p, width, spec.per_channel, lo, hi), counter)
+        return scopes, (lo, hi), width
+
+    def _range_counter(self, spec, p: str) -> str:
+        """The skipped-batch counter of the range `spec` moves: its own (a new
+        variable), or, for a replica, the one of the range's owner."""
+        if spec.replica_of is not None:
+            return self._counters[spec.replica_of]
+        if spec.earlier_range is not None:  # An earlier call's, read before its update.
+            read = spec.earlier_range[4]
+            name = read.op.inputs[0].op.name
+            self._reads[name] = read
+            return name
+        counter = self._counters[len(self._ranges)] = self._skipped_counter(p)
+        return counter
+
+    def _kept(self, scopes, variables, values, finite: str):
+        """`values` where `finite`, else the variables as they were: nothing assigned."""
+        return tuple(self._node(scope + "/finite", "SelectV2", [finite, value,
+                                                               self._before_update(var)],
+                                T=_FLOAT) for scope, var, value in zip(scopes, variables, values))
 
     def _widen_empty(self, p, lo, hi):
         """(lo, hi), (lo, lo + `EMPTY_RANGE_WIDTH`) where hi <= lo, and at
@@ -168,8 +207,12 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
             self._shared[key] = (self._nodes.unique_name(
                 "%s/ema_rates" % self._shared_scope_name()), step, [])
         name, _, skipped = self._shared[key]
-        skipped.append(self._variables_emitter.before_update(counter, self._variable_device))
-        return "%s/rates:%d" % (name, len(skipped) - 1)
+        read = self._before_update(counter)
+        slots = self._shared.setdefault(("rate_slots", decay), {})
+        if read not in slots:  # One rate per range (a replicas' combined step asks again).
+            slots[read] = len(skipped)
+            skipped.append(read)
+        return "%s/rates:%d" % (name, slots[read])
 
     def _emit_rates(self) -> None:
         """The rates `_ema_rate` handed out, one vector op chain per decay."""
@@ -237,7 +280,7 @@ class RangeUpdates(range_floors.RangeFloors, finite_ranges.FiniteRanges):
         """(the value before the update, the moving average's delta)."""
         # The value before the update: the update's data dependency on it
         # orders the two.
-        read = self._variables_emitter.before_update(var, self._variable_device)
+        read = self._before_update(var)
         sub = self._node(scope + "/sub", "Sub", [read, value], T=_FLOAT)
         return read, self._node(scope + "/mul", "Mul", [sub, rate], T=_FLOAT)
 

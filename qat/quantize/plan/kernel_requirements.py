@@ -232,9 +232,11 @@ def attach(planner, plans: List) -> None:
     A shared range (a concatenation's group, replicas, a pool's rounding)
     gets its members' requirements once, at its owner, with the ranges they
     read resolved to their owners. Ranges this call does not learn (a
-    FakeQuant already in the graph, a fixed grid, an earlier call's range,
-    weights) are not constrained. Identical requirements (replicas) are
-    kept once.
+    FakeQuant already in the graph, a fixed grid, an earlier call's range it
+    only reads, weights) are not constrained. Identical requirements are
+    kept once. Training replicas (`Plan.replica_of`, an earlier call's range
+    this call's replica moves) each get their own, on the range their
+    forward reads; the shared range's update applies its owner's.
 
     Args:
       planner: the `Planner` after `run()`.
@@ -243,8 +245,8 @@ def attach(planner, plans: List) -> None:
     seen = set()
     for req in find_requirements(planner):
         owner = _owner(req.constrained)
-        if (isinstance(owner, tf.Operation) or owner.fixed is not None
-                or owner.earlier is not None or owner.is_weight):
+        if (isinstance(owner, tf.Operation) or owner.fixed is not None or owner.is_weight
+                or (owner.earlier is not None and owner.earlier_join is None)):
             continue
         ranges = []
         for source in (_owner(s) for s in req.ranges):

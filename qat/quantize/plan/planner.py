@@ -101,6 +101,11 @@ class Plan:
     # A group's own plan: the other members, whose statistics join its own.
     members: List[tf.Tensor] = dataclasses.field(default_factory=list)
     earlier: Optional[tuple] = None  # An earlier call's range (`qat.distribute.replica_stats`).
+    # The join of that call's step statistics (`qat.quantize.emit.step_statistics`), or None.
+    earlier_join: Optional[tf.Operation] = None
+    # Training: another replica's plan, owning the range this one moves with
+    # its own replica's batch (`qat.distribute.replicas`).
+    replica_of: Optional["Plan"] = None
     # A constant range, TFLite's fixed output grid (`qat.quantize.plan.fixed_ranges`).
     fixed: Optional[Tuple[float, float]] = None
     # TFLite kernel preconditions this range must meet, on the plan owning its

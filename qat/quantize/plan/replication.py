@@ -36,10 +36,21 @@ class Replication(object):
 
         Returns:
           An object with `emit(nodes, scope, value, merge_op)` (as
-          `qat.distribute.worker_ranges.WorkerAllReduce`), or None: ranges
-          are not reduced across processes (the default).
+          `qat.distribute.worker_ranges.WorkerAllReduce`), called once per
+          rewrite with every range's statistics packed in one vector
+          (`qat.quantize.emit.step_statistics`), or None: ranges are not
+          reduced across processes (the default).
         """
         return None
+
+    def joins_later_replicas(self) -> bool:
+        """Whether later calls will quantize more replicas of this model.
+
+        Then a training rewrite combines its ranges' statistics once per
+        step where those calls can join them
+        (`qat.quantize.emit.step_statistics`). Default: False.
+        """
+        return False
 
     def join_statistics(self, rewrite, plans: List) -> None:
         """Adds to a training `rewrite` what joins replicas' batch statistics.
