@@ -10,11 +10,10 @@ Two quantizers, as in `tf.contrib.quantize`:
 * moving average (activations): an exponential moving average of the batch
   min and max, not narrow.
 
-Shared ranges (`qat.quantize.plan.shared_ranges`): a spec with `range_of` reads an
-earlier quantizer's range instead of owning variables (as that quantizer's
-FakeQuant reads it, or, with `range_before_update`, the variables as they were
-before this step's update); `statistics_of` adds further tensors' batch min
-and max to a quantizer's update.
+Shared ranges (`qat.quantize.plan.shared_ranges`): a spec with `range_of` reads an earlier
+quantizer's range instead of owning variables (as that quantizer's FakeQuant reads it, or, with
+`range_before_update`, the variables as they were before this step's update); `statistics_of`
+adds further tensors' batch min and max to a quantizer's update.
 
 Each quantizer owns two non-trainable variables `<prefix>/min` and
 `<prefix>/max` (scalars, or vectors of the last dimension when per-channel) in
@@ -38,7 +37,7 @@ the range variables in `tf.Variable` objects from their VariableDefs. The
 variables are of the model's kind, ref or resource
 (`qat.engine.range_variables`).
 """
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -46,6 +45,7 @@ from qat.engine import marks
 from qat.engine import range_variables
 from qat.engine import rewrite as rewrite_lib
 from qat.quantize.emit import fake_quant_gradient
+from qat.quantize.emit import range_scopes
 from qat.quantize.emit import range_updates
 from qat.quantize.emit import step_statistics
 
@@ -105,8 +105,7 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
         self._fixed: List[bool] = []
         # id(spec) -> (name scope, min, max variables) of quantizers declared early.
         self._declared: Dict[int, tuple] = {}
-        # Quantizer index -> (variables_prefix asked for, the scope its variables got).
-        self._variable_scopes: Dict[int, Tuple[str, str]] = {}
+        self._scopes = range_scopes.RangeScopes(self._nodes.unique_name)
         self._ranges: List[tuple] = []
         self._device = ""           # Of the quantizer being added.
         self._variable_device = ""
@@ -191,13 +190,7 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
                 and step is None):
             raise ValueError("init_from_first_batch needs the quantization step.")
         declared = self._declared.pop(id(spec), None)
-        shared_scope = self._variable_scopes.get(spec.range_of)
-        if declared and not spec.variables_prefix:
-            p = declared[0]
-        elif shared_scope is not None and shared_scope[0] == spec.prefix:
-            p = shared_scope[1]  # The member its variables are named after.
-        else:
-            p = self._nodes.unique_name(spec.prefix)
+        p = self._scopes.quantizer_scope(spec, declared)
         self._prefixes.append(p)
         self._device, self._variable_device = spec.device, spec.variable_device
         collections = self._collections(spec)
@@ -259,17 +252,13 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
             else:
                 lo, hi = self._ranges[spec.replica_of]
         else:
+            scope = self._scopes.variables_scope(spec, len(self._outputs), p, declared)
             if declared:
                 min_var, max_var = declared[1:]
-                scope = declared[0]
             else:
-                scope = (self._nodes.unique_name(spec.variables_prefix)
-                         if spec.variables_prefix else p)
                 var_shape = [int(channels)] if spec.per_channel else []
                 min_var = self._variable(scope, "min", var_shape, spec.init_min, collections)
                 max_var = self._variable(scope, "max", var_shape, spec.init_max, collections)
-            if spec.variables_prefix:
-                self._variable_scopes[len(self._outputs)] = (spec.variables_prefix, scope)
             self._earlier.append(None)
             if spec.is_training:
                 lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)

@@ -129,14 +129,11 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
 
 
 def share_identical_outputs(planner, ordered: List[tf.Operation]) -> None:
-    """Ops computing the same value (one type, attributes and inputs of the
-    same values: two ReLUs of one tensor; the first step of a recurrent loop
-    and the step Keras computes outside it for the output's shape) are one
-    op for the converter, with one scale: they read one range
-    (`tensors.ValueNumbers`), a group's where one of them is in a group or
-    reads another's range (`share_concat_ranges`, a recurrence's state: run
-    before), else, in eval graphs only, the first one's (training graphs:
-    see the module docstring)."""
+    """Ops computing the same value (`tensors.ValueNumbers`; see the module
+    docstring) are one op for the converter, with one scale: they read one
+    range, a group's where one of them is in a group or reads another's
+    (`share_concat_ranges`, a recurrence's state: run before), else, in eval
+    graphs only, the first one's."""
     numbers = tensors.ValueNumbers()
     same: Dict[int, List[tf.Operation]] = {}
     for op in ordered:
@@ -169,7 +166,6 @@ def _reads_range_of(plan, other) -> bool:
             return False
         plan = plan.shared
     return True
-
 
 
 def plan_rounding(planner, op: tf.Operation) -> None:
