@@ -91,5 +91,20 @@ class BenchReplicasTest(absltest.TestCase):
             self.assertFalse(re.search(r"\bnan\b", out), out)
 
 
+class BenchRecurrentTest(absltest.TestCase):
+
+    def test_forms_and_loops_are_measured(self):
+        out = _run("bench_recurrent.py", "--forms=tf1_static_gru,k3_simple_rnn", "--units=4",
+                   "--float_steps=2", "--qat_steps=2")
+        rows = _rows(out, "flavour")
+        self.assertEqual([(r["form"], r["flavour"]) for r in rows], [
+            ("tf1_static_gru", "uint8"), ("tf1_static_gru", "int8"), ("k3_simple_rnn", "int8")])
+        self.assertEqual({r["float_ops"] for r in rows}, {"0"})
+        out = _run("bench_recurrent.py", "--measure=loops", "--steps_per_sequence=2", "--units=4")
+        self.assertEqual(len(re.findall(r"^2 steps, (unrolled|while) +batch +\d+: +\d+ bytes", out,
+                                        re.MULTILINE)), 4, out)
+        self.assertRegex(out, r"unrolled batch +1: .* float ops none")
+
+
 if __name__ == "__main__":
     absltest.main()

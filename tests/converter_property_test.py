@@ -17,7 +17,8 @@ ranges of the training graph's last step and of the eval graph meet TFLite's
 kernel preconditions, the converted model prepares and runs, no quantizer of
 the training graph reads its loss, and the training graph quantizes what the
 converted eval graph does.
-A failing example is shrunk greedily and both are reported. Networks that run
+Recurrent networks (tools/property/sequences.py) are drawn by a second,
+smaller run. A failing example is shrunk greedily and both are reported. Networks that run
 into a documented limit (`networks.known_limit`, docs/known_limits.md) are
 left out of the bounded run (none today; FixedRangeTest checks the last one, now fixed).
 `tools/property/check.py --suite=converter` runs the same checks over any
@@ -34,19 +35,23 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 from tools.property import converter_invariants as invariants  # pylint: disable=g-import-not-at-top
 from tools.property import converter_networks as networks  # pylint: disable=g-import-not-at-top
+from tools.property import sequences  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 
 # Bounded so the target takes two to four minutes on a busy 2-core machine.
 MAX_EXAMPLES = 25
+RECURRENT_EXAMPLES = 2
 _FIXED = networks.example_networks()
+_SEQUENCES = sequences.example_networks()
 
 
 def _assert_invariants(test: absltest.TestCase, net: "networks.ConvNet") -> None:
     violated = invariants.violations(net)
     if not violated:
         return
-    small = networks.shrink(net, lambda n: bool(invariants.violations(n)), budget=10)
+    family = sequences if isinstance(net, sequences.SeqNet) else networks
+    small = family.shrink(net, lambda n: bool(invariants.violations(n)), budget=10)
     test.fail(
         f"invariants violated by\n{net.describe()}\n{net!r}\n"
         + "".join(f"  {k}: {v}\n" for k, v in violated.items())
@@ -73,6 +78,20 @@ class ConverterPropertyTest(absltest.TestCase):
     def test_eval_graph_is_the_integer_model(self, net):
         self.assertTrue(networks.is_valid(net), net.describe())
         hypothesis.assume(networks.known_limit(net) is None)  # Documented limits (none today).
+        _assert_invariants(self, net)
+
+    # Issue #38: TF1 cells unrolled or in both kinds of loops, stacked, bidirectional.
+    @hypothesis.settings(max_examples=RECURRENT_EXAMPLES, derandomize=True, deadline=None,
+                         database=None,
+                         phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.example(net=_SEQUENCES["static_lstm"])
+    @hypothesis.example(net=_SEQUENCES["dynamic_gru_sequences"])
+    @hypothesis.example(net=_SEQUENCES["stacked_bidirectional"])
+    @hypothesis.example(net=_SEQUENCES["v1_multi"])
+    @hypothesis.given(net=sequences.sequence_networks())
+    def test_recurrent_eval_graph_is_the_integer_model(self, net):
+        self.assertTrue(sequences.is_valid(net), net.describe())
         _assert_invariants(self, net)
 
 

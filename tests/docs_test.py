@@ -77,6 +77,13 @@ _EPILOGUES = {
         assert isinstance(qm, keras.Model) and isinstance(qtiny, qat.tf2.QuantizedModule)
         assert [id(v) for v in qnet.trainable_variables] == [id(v) for v in net.trainable_variables]
     """,
+    "docs/recurrent_models.md": """
+        assert not export.find_float_ops(kws_int8.report), kws_int8.path
+        assert sorted(exported) == ["int8", "uint8"], sorted(exported)
+        for _flavour, _result in exported.items():
+            assert not export.find_float_ops(_result.report), _flavour
+        assert steps == [str(k) for k in range(8)], steps
+    """,
     "docs/distributed_training.md": """
         qat_variables = [v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
                          if "quant" in v.op.name or v.op.name == "fake_quantization_step"]

@@ -18,7 +18,10 @@ concatenation's variables, the ranges of the training graph's run and of the
 eval graph meet TFLite's kernel preconditions, no quantizer reads the loss,
 the model output has a range, and the training and eval graphs (with their
 feed and loss) quantize what the export graph (a placeholder, no loss) does.
-A failing example is shrunk greedily and both are reported.
+Recurrent networks (tools/property/sequences.py: TF1 cells unrolled by
+static_rnn or in dynamic_rnn's While or TF1 loops, stacked, bidirectional)
+are drawn by a second, smaller run. A failing example is shrunk greedily and
+both are reported.
 `tools/property/check.py` runs the same checks over 10,000 networks and
 counts the violations.
 """
@@ -38,20 +41,24 @@ import qat  # pylint: disable=g-import-not-at-top
 from qat.export import kernel_checks  # pylint: disable=g-import-not-at-top
 from tools.property import invariants  # pylint: disable=g-import-not-at-top
 from tools.property import networks  # pylint: disable=g-import-not-at-top
+from tools.property import sequences  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 
 # Bounded so the target takes a few minutes on a 2-core machine (fewer since
 # issue #33's activations, offsets, feeds and losses made the networks larger).
 MAX_EXAMPLES = 26
+RECURRENT_EXAMPLES = 6
 _FIXED = networks.example_networks()
+_SEQUENCES = sequences.example_networks()
 
 
 def _assert_invariants(test: absltest.TestCase, net: "networks.Network") -> None:
     violated = invariants.violations(net)
     if not violated:
         return
-    small = networks.shrink(net, lambda n: bool(invariants.violations(n)), budget=15)
+    family = sequences if isinstance(net, sequences.SeqNet) else networks
+    small = family.shrink(net, lambda n: bool(invariants.violations(n)), budget=15)
     test.fail(
         f"invariants violated by\n{net.describe()}\n{net!r}\n"
         + "".join(f"  {k}: {v}\n" for k, v in violated.items())
@@ -76,6 +83,20 @@ class PropertyTest(absltest.TestCase):
     @hypothesis.given(net=networks.networks())
     def test_invariants_hold_on_random_networks(self, net):
         self.assertTrue(networks.is_valid(net), net.describe())
+        _assert_invariants(self, net)
+
+    # Issue #38: TF1 cells unrolled or in both kinds of loops, stacked, bidirectional.
+    @hypothesis.settings(max_examples=RECURRENT_EXAMPLES, derandomize=True, deadline=None,
+                         database=None,
+                         phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.example(net=_SEQUENCES["static_lstm"])
+    @hypothesis.example(net=_SEQUENCES["dynamic_gru_sequences"])
+    @hypothesis.example(net=_SEQUENCES["stacked_bidirectional"])
+    @hypothesis.example(net=_SEQUENCES["v1_multi"])
+    @hypothesis.given(net=sequences.sequence_networks())
+    def test_invariants_hold_on_random_recurrent_networks(self, net):
+        self.assertTrue(sequences.is_valid(net), net.describe())
         _assert_invariants(self, net)
 
 

@@ -124,8 +124,10 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase, zoo_util.ZooAsserti
 
     def test_layers_feeding_each_other_are_not_replicas(self):
         # Two layers applied twice with shared weights, the second application
-        # reading the first's output (an unrolled loop): sharing one range would
-        # make each update depend on itself. Each application keeps its ranges.
+        # reading the first's output (an unrolled loop): not replicas, whose
+        # combined update would depend on itself, but the steps of a
+        # recurrence (issue #38): one range per cell value, named after the
+        # first step, whose update reads no quantized value of its own.
         graph = tf.Graph()
         with graph.as_default():
             images = tf1.placeholder(tf.float32, (2,) + replicas_util.SIZE, name="images")
@@ -137,11 +139,14 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase, zoo_util.ZooAsserti
             loss = tf.reduce_mean(net)
             qat.experimental_create_training_graph(graph, quant_delay=0)
             names = [v.op.name for v in replicas_util.range_variables(graph)]
-            self.assertIn("step_1/cell/b/act_quant/max", names)
             self.assertIn("step_0/cell/b/act_quant/max", names)
+            self.assertNotIn("step_1/cell/b/act_quant/max", names)
+            train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
             with tf1.Session(graph=graph) as sess:
                 sess.run(tf1.global_variables_initializer())
                 x = replicas_util.make_batch(2, seed=0)[0]
+                for _ in range(2):
+                    sess.run(train, {images: x})
                 self.assertTrue(np.isfinite(sess.run(loss, {images: x})))
 
     def test_multi_worker_mirrored_strategy(self):

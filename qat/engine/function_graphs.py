@@ -35,7 +35,7 @@ Example::
 """
 import contextlib
 import threading
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Iterator, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -93,7 +93,8 @@ def is_function_graph(graph: tf.Graph) -> bool:
 
 
 @contextlib.contextmanager
-def editing(graph: tf.Graph, store: VariableStore) -> Iterator[None]:
+def editing(graph: tf.Graph, store: VariableStore,
+            outputs: Sequence[tf.Tensor] = ()) -> Iterator[None]:
     """Lets the passes rewrite `graph`, a function graph being traced.
 
     Within the block, tensors hash and compare by identity (as in graph
@@ -102,22 +103,73 @@ def editing(graph: tf.Graph, store: VariableStore) -> Iterator[None]:
     Args:
       graph: the FuncGraph being traced.
       store: where qat's variables are made and kept.
+      outputs: the tensors the function will return (`traced_outputs`).
 
     Raises:
       ValueError: if `graph` is not a function graph.
     """
     if not is_function_graph(graph):
         raise ValueError(f"{graph} is not the graph of a tf.function.")
-    previous_store = active_store()
+    previous = active_store(), getattr(_ACTIVE, "outputs", None)
     previous_equality = tensor_lib.Tensor._USE_EQUALITY  # pylint: disable=protected-access
     _ACTIVE.store = store
+    _ACTIVE.outputs = (graph, {t.op for t in outputs}) if outputs else None
     tensor_lib.Tensor._USE_EQUALITY = False  # pylint: disable=protected-access
     try:
         with graph.as_default():
             yield
     finally:
         tensor_lib.Tensor._USE_EQUALITY = previous_equality  # pylint: disable=protected-access
-        _ACTIVE.store = previous_store
+        _ACTIVE.store, _ACTIVE.outputs = previous
+
+
+def traced_outputs(graph: tf.Graph) -> Optional[Set[tf.Operation]]:
+    """The ops whose outputs the function being rewritten returns, or None
+    where they are not known (a tf.Graph: a user may fetch any tensor).
+
+    An op of such a function that nothing reads and that is not one of them
+    is dead code (Keras 3 stacks a recurrent layer's outputs it does not
+    return): the function never computes it.
+    """
+    known = getattr(_ACTIVE, "outputs", None)
+    return known[1] if known is not None and known[0] is graph else None
+
+
+class _Detached(object):
+    """The control-flow context of an op a rewrite replaced in a function graph.
+
+    `tf.function` makes every stateful op of a function a control output,
+    which the runtime runs and TF's converter converts whatever reads it;
+    TensorFlow skips ops inside a v1 loop context when it picks them
+    (`auto_control_deps`), which this context says the op is. Nothing else
+    reads an unconnected op's context.
+    """
+    outer_context = None
+
+    def IsWhileContext(self) -> bool:  # pylint: disable=invalid-name
+        return True
+
+    def IsCondContext(self) -> bool:  # pylint: disable=invalid-name
+        return False
+
+    def IsXLAContext(self) -> bool:  # pylint: disable=invalid-name
+        return False
+
+
+_DETACHED = _Detached()
+
+
+def detach(op: tf.Operation) -> None:
+    """Leaves `op`, unconnected by a rewrite, out of its function's control outputs.
+
+    An op the passes replaced cannot be deleted (TensorFlow deletes no op);
+    in a tf.Graph nothing runs it once nothing reads it, but a tf.function
+    being traced would make a stateful one (a replaced `While`) a control
+    output: run at every call, and converted by TF's converter. Does nothing
+    outside a function graph being traced.
+    """
+    if is_function_graph(op.graph) and getattr(op.graph, "experimental_acd_manager", None):
+        op._set_control_flow_context(_DETACHED)  # pylint: disable=protected-access
 
 
 def captured_handle(graph: tf.Graph, variable: tf.Variable) -> tf.Tensor:

@@ -24,6 +24,10 @@ LAYER_NORM = "layer_norm"
 EMBEDDING = "embedding"
 # A layer op a function call computed (tf_keras's grouped Conv2D), now in the graph.
 LAYER_CALL = "layer_call"
+# The steps of a recurrent loop, unrolled (`qat.prepare.loops`).
+LOOP = "loop"
+# `zeros_like(x)` as a Fill of x's shape (`qat.prepare.constant_fills`).
+CONSTANT_FILL = "constant_fill"
 # Training graphs: what a Rsqrt reads where its quantized input is 0.
 ZERO_GUARD = "zero_guard"
 # A quantized layer computing in float16 / bfloat16 and its casts (`qat.tf2.precision`).
@@ -31,6 +35,10 @@ LOW_PRECISION = "low_precision"
 # Replicas: where the range statistics of a step are combined
 # (`qat.quantize.emit.step_statistics`).
 RANGE_STATISTICS = "range_statistics"
+
+# The roles of ops a prepare pass puts in place of the user's: the model's own
+# computations, written by qat (not ranges, folds or other machinery).
+MODEL_ROLES = frozenset([LAYER_CALL, LOOP, CONSTANT_FILL])
 
 # Set on a user op whose consumers a rewrite moved onto qat's replacement
 # (tf_keras's fused layer norm, a grouped conv's function call): its value
@@ -65,6 +73,13 @@ def made_by_qat(op: tf.Operation, *roles: str) -> bool:
     """Whether qat created `op` (with one of `roles`, when given)."""
     found = role(op)
     return found is not None and (not roles or found in roles)
+
+
+def computes_the_model(op: tf.Operation) -> bool:
+    """Whether `op` is the user's, or one qat wrote in place of the user's
+    (`MODEL_ROLES`: a layer a call computed, an unrolled loop's steps)."""
+    found = role(op)
+    return found is None or found in MODEL_ROLES
 
 
 def quantizer_of(t: tf.Tensor) -> Optional[tf.Tensor]:

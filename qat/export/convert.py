@@ -21,6 +21,8 @@ from qat.export.freeze import check_finite, check_tensor_names, op_name, tensor_
 FLAVOURS = ("uint8", "int8")
 _FAKE_QUANT_OPS = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs"])
 _PASS_THROUGH_OPS = frozenset(["Identity", "Reshape"])
+_WEIGHT_PASS_THROUGH_OPS = frozenset(["Identity", "Reshape", "Transpose", "ReadVariableOp"])
+_DENSE_OPS = frozenset(["MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"])
 
 
 def _const_value(graph_def: tf.compat.v1.GraphDef, name: str) -> Optional[np.ndarray]:
@@ -87,6 +89,39 @@ def per_channel_fake_quants(graph_def: tf.compat.v1.GraphDef) -> List[str]:
     """
     return [node.name for node in graph_def.node
             if node.op == "FakeQuantWithMinMaxVarsPerChannel"]
+
+
+def keep_per_tensor_weights(converter, graph_def: tf.compat.v1.GraphDef) -> None:
+    """Tells TF's int8 converter to keep the per-tensor weight ranges of dense layers.
+
+    The converter quantizes a weight that several FULLY_CONNECTED ops read
+    (the steps of a recurrent layer, two layers of equal weights) per channel
+    again, ignoring its FakeQuant's range, and quantizes a bias whose values
+    are all equal (a GRU's gate bias as initialized) with the first channel's
+    scale only: the model then computes something else than the eval graph.
+    Dense layers are kept per tensor
+    (`_experimental_disable_per_channel_quantization_for_dense_layers`) unless
+    a MatMul reads a per-channel FakeQuant (convolutions keep theirs).
+
+    Args:
+      converter: a `TFLiteConverter` set up for int8.
+      graph_def: the graph it converts (its function library included).
+    """
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes += function.node_def
+    per_channel = {node.name for node in nodes if node.op == "FakeQuantWithMinMaxVarsPerChannel"}
+    passed = True
+    while passed:  # What reads a per-channel range through Identity / Reshape / Transpose.
+        passed = False
+        for node in nodes:
+            if (node.name not in per_channel and node.op in _WEIGHT_PASS_THROUGH_OPS
+                    and any(op_name(i) in per_channel for i in node.input[:1])):
+                per_channel.add(node.name)
+                passed = True
+    if not any(node.op in _DENSE_OPS and any(op_name(i) in per_channel for i in node.input)
+               for node in nodes):
+        converter._experimental_disable_per_channel_quantization_for_dense_layers = True  # pylint: disable=protected-access
 
 
 def check_flavour(graph_def: tf.compat.v1.GraphDef, flavour: str) -> None:
@@ -219,6 +254,7 @@ def convert_frozen_graph(graph_def: tf.compat.v1.GraphDef,
     else:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.inference_type = tf.int8
+        keep_per_tensor_weights(converter, graph_def)
         if int8_io:
             converter.inference_input_type = tf.int8
             converter.inference_output_type = tf.int8

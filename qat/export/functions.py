@@ -24,6 +24,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.framework import convert_to_constants
 
+from qat.export import convert
 from qat.export.errors import ConversionError
 from qat.export.errors import ExportError
 
@@ -91,6 +92,7 @@ def convert_function(function: tf.types.experimental.ConcreteFunction,
         try:  # Eager: else TF's converter falls back to TF1's.
             converter = tf.lite.TFLiteConverter.from_concrete_functions([function])
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            convert.keep_per_tensor_weights(converter, function.graph.as_graph_def())
             float_inputs = [t for t in function.inputs
                             if t.dtype != tf.resource and t.dtype.is_floating]
             if int8_io and float_inputs:

@@ -138,7 +138,8 @@ def export_tflite(input_names: Sequence[str],
                 frozen, input_names, output_names,
                 os.path.join(output_dir, f"{name}_saved_model"), input_ranges=input_ranges,
                 default_input_range=default_input_range)
-            model = saved_model_lib.convert_saved_model(saved_model_dir, int8_io=int8_io)
+            model = saved_model_lib.convert_saved_model(saved_model_dir, int8_io=int8_io,
+                                                        graph_def=frozen)
         else:
             model = convert.convert_frozen_graph(frozen, input_names, output_names, flavour,
                                                  input_ranges=input_ranges, int8_io=int8_io,

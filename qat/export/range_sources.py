@@ -2,7 +2,7 @@
 
 Why this module exists: the converter removes ops and merges identical ones,
 so a range of the eval graph can survive in a TFLite tensor named after
-another op. Range survival (`qat.export.range_survival`) accepts that only
+another op (`twins`). Range survival (`qat.export.range_survival`) accepts that only
 where qat made the two ranges one: the same variables, or the same fixed
 grid (constants qat made, compared by value).
 """
@@ -55,14 +55,14 @@ def range_source(fake_quant: tf.Operation) -> Optional[tuple]:
     return tuple(names)
 
 
-def twin(fake_quant: tf.Operation, firsts: Dict[tuple, List[tf.Operation]]
-         ) -> Optional[tf.Operation]:
-    """An earlier FakeQuant of a value computed the same way (two ReLUs of one
-    tensor, which the converter merges), else None; `firsts` collects them."""
-    op = fake_quant.inputs[0].op
-    key = (op.type, tuple(op.inputs))
-    for other in firsts.get(key, ()):
-        if tensors.same_computation(other.inputs[0].op, op):
-            return other
-    firsts.setdefault(key, []).append(fake_quant)
-    return None
+def twins(fake_quants: List[tf.Operation]) -> Dict[tf.Operation, List[tf.Operation]]:
+    """For each FakeQuant, the others quantizing a value computed the same
+    way (two ReLUs of one tensor; a recurrent loop's first step and the step
+    Keras computes outside the loop): the converter keeps one op of such a
+    set, named after any of them (`tensors.ValueNumbers`)."""
+    numbers = tensors.ValueNumbers()
+    same: Dict[int, List[tf.Operation]] = {}
+    for fake_quant in fake_quants:
+        same.setdefault(numbers.number(fake_quant.inputs[0].op), []).append(fake_quant)
+    return {fake_quant: [o for o in group if o is not fake_quant]
+            for group in same.values() for fake_quant in group}

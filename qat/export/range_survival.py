@@ -283,7 +283,8 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
         for part in tflite_names.name_parts(info.name.split(";")[0], graph_ops):
             first_part.setdefault(part, []).append(index)
     fake_quants = _activation_fake_quants(tf_graph)
-    lost, held_by, firsts = [], {}, {}
+    lost, held_by = [], {}
+    twins = range_sources.twins(fake_quants)
     for op, (lo, hi) in zip(fake_quants, _ranges(tf_graph, fake_quants)):
         scale, zero_point = expected_quantization(
             lo, hi, int(op.get_attr("num_bits")), bool(op.get_attr("narrow_range")), flavour)
@@ -292,12 +293,14 @@ def check_ranges(graph: Union[tf.compat.v1.GraphDef, tf.compat.v1.Session],
             for index in by_op.get(alias.name, ()):
                 if index not in named and _holds_activation(report.tensors[index], alias):
                     named.append(index)
-        twin = range_sources.twin(op, firsts)
-        if (not named and twin is not None
-                and range_sources.range_source(twin) == range_sources.range_source(op)):
+        for twin in twins[op] if not named else ():
+            if range_sources.range_source(twin) != range_sources.range_source(op):
+                continue
             named = [i for alias in _aliases(twin) for i in by_op.get(alias.name, ())
                      if _holds_activation(report.tensors[i], alias)][:1]
             held_by.update({op.name: report.tensors[i].name for i in named})
+            if named:
+                break
         held = named or _downstream(op, by_op, report)
         if any(_same(scale, zero_point, report.tensors[i].scale, report.tensors[i].zero_point)
                for i in held):

@@ -34,6 +34,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from qat.export.convert import input_range_from_fake_quant
+from qat.export.convert import keep_per_tensor_weights
 from qat.export.errors import ConversionError
 from qat.export.errors import ExportError
 from qat.export.freeze import check_finite
@@ -142,13 +143,17 @@ def write_saved_model(graph_def: tf.compat.v1.GraphDef,
     return export_dir
 
 
-def convert_saved_model(export_dir: str, int8_io: bool = False) -> bytes:
+def convert_saved_model(export_dir: str, int8_io: bool = False,
+                        graph_def: Optional[tf.compat.v1.GraphDef] = None) -> bytes:
     """Converts a SavedModel with TF 2's converter (`from_saved_model`), int8.
 
     Args:
       export_dir: a SavedModel with a `serving_default` signature, e.g. from
         `write_saved_model`.
       int8_io: int8 instead of float input and output.
+      graph_def: the frozen graph the SavedModel was written from: its dense
+        layers keep their per-tensor weight ranges where it has no
+        per-channel ones (`qat.export.convert.keep_per_tensor_weights`).
 
     Returns:
       The .tflite model bytes.
@@ -160,6 +165,8 @@ def convert_saved_model(export_dir: str, int8_io: bool = False) -> bytes:
         try:
             converter = tf.lite.TFLiteConverter.from_saved_model(export_dir)
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            if graph_def is not None:
+                keep_per_tensor_weights(converter, graph_def)
             if int8_io:
                 converter.inference_input_type = tf.int8
                 converter.inference_output_type = tf.int8

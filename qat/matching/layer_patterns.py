@@ -56,6 +56,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
+from qat.engine import marks
 from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
 
 # The ops whose weights are folded and quantized.
@@ -239,6 +240,9 @@ def is_weighted_einsum(op: tf.Operation) -> bool:
 def layer_ops(graph: tf.Graph) -> List[tf.Operation]:
     """Returns every Conv2D, MatMul, DepthwiseConv2dNative and weighted Einsum.
 
+    Layers a rewrite replaced (the steps of a loop it unrolled,
+    `qat.prepare.loops`: unconnected) are not among them.
+
     Args:
       graph: the graph to scan.
 
@@ -247,7 +251,7 @@ def layer_ops(graph: tf.Graph) -> List[tf.Operation]:
     """
     wanted = frozenset(LAYER_TYPES)
     return [op for op in graph.get_operations()
-            if op.type in wanted or is_weighted_einsum(op)]
+            if (op.type in wanted or is_weighted_einsum(op)) and not marks.is_replaced(op)]
 
 
 def weight_input(layer_op: tf.Operation) -> tf.Tensor:

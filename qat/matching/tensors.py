@@ -64,3 +64,56 @@ def same_computation(a: tf.Operation, b: tf.Operation) -> bool:
     attrs = lambda op: {k: v.SerializeToString() for k, v in op.node_def.attr.items()
                         if not k.startswith("_")}
     return attrs(a) == attrs(b)
+
+
+class ValueNumbers(object):
+    """Numbers ops so that ops computing the same value get the same number.
+
+    One type, the same attributes and inputs of the same values: two ReLUs
+    of one tensor, two slices of one tensor with equal bounds, two reads of
+    one variable, equal constants. TF's converter keeps one op of such a set
+    (it folds constants and merges equal ops), so they have one scale in
+    the converted model. A stateful op other than a variable read (a
+    placeholder, a random draw, a queue) is a value of its own.
+    """
+
+    def __init__(self):
+        self._numbers = {}
+        self._keys = {}
+
+    def number(self, op: tf.Operation) -> int:
+        """The value number of `op` (of all its outputs, told apart by index)."""
+        stack = [op]
+        while stack:
+            top = stack[-1]
+            if top in self._numbers:
+                stack.pop()
+                continue
+            leaf = self._leaf_key(top)
+            if leaf is None:
+                missing = [i.op for i in top.inputs if i.op not in self._numbers]
+                if missing:
+                    stack.extend(missing)
+                    continue
+                leaf = (top.type, _attrs_key(top),
+                        tuple((self._numbers[i.op], i.value_index) for i in top.inputs))
+            self._numbers[top] = self._keys.setdefault(leaf, len(self._keys))
+            stack.pop()
+        return self._numbers[op]
+
+    def _leaf_key(self, op: tf.Operation):
+        if op.type == "Const":
+            return ("Const", _attrs_key(op))
+        if op.type == "ReadVariableOp" or not op.inputs:
+            # A read: of its variable's value; an op without inputs: its own.
+            return None if op.type == "ReadVariableOp" else ("op", id(op))
+        try:
+            stateful = op.op_def.is_stateful
+        except (AttributeError, ValueError):
+            stateful = True
+        return ("op", id(op)) if stateful else None
+
+
+def _attrs_key(op: tf.Operation) -> tuple:
+    return tuple(sorted((k, v.SerializeToString()) for k, v in op.node_def.attr.items()
+                        if not k.startswith("_")))

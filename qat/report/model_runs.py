@@ -8,7 +8,7 @@
   * TFLite: the integer model, run by the ai_edge_litert interpreter keeping
     every intermediate tensor, dequantized (`run_tflite_tensors`).
 """
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -74,23 +74,59 @@ def read_forced_inputs(graph_def: tf.compat.v1.GraphDef, tensors: Sequence[str]
     return result, {name: forced[name] + ":0" for name in tensors}
 
 
-def run_graph(graph_def, feeds: Dict[str, np.ndarray], names: Sequence[str], batch_size: int
-         ) -> List[np.ndarray]:
-    """Runs `graph_def` on `feeds` ({tensor: all examples}) in batches."""
+def example_axis(shape: Sequence[Optional[int]]) -> int:
+    """The examples' axis of a tensor: its one dimension of unknown size (the
+    batch; axis 1 of a time-major sequence [steps, batch, features]), else 0.
+
+    Args:
+      shape: a static shape (None or -1 for an unknown size), or None.
+    """
+    if shape is None:
+        return 0
+    unknown = [k for k, d in enumerate(shape) if d is None or d == -1]
+    return unknown[0] if len(unknown) == 1 else 0
+
+
+def _graph_axis(t: tf.Tensor) -> int:
+    shape = t.shape
+    return example_axis(shape.as_list()) if shape.rank else 0
+
+
+def run_graph(graph_def, feeds: Dict[str, np.ndarray], names: Sequence[str], batch_size: int,
+              feed_axes: Optional[Dict[str, int]] = None,
+              fetch_axes: Optional[Sequence[int]] = None) -> List[np.ndarray]:
+    """Runs `graph_def` on `feeds` ({tensor: all examples}) in batches.
+
+    Each feed is cut, and each fetched tensor joined, along its examples'
+    axis (`example_axis` of its static shape; `feed_axes` / `fetch_axes`
+    where the graph's shapes do not say: feeds default to 0).
+    """
     graph = tf.Graph()
     with graph.as_default():
         tf.import_graph_def(graph_def, name="")
     fetches = [graph.get_tensor_by_name(n) for n in names]
     feed_tensors = {graph.get_tensor_by_name(n): v for n, v in feeds.items()}
+    axes = {t: (feed_axes or {}).get(t.name, 0) for t in feed_tensors}
     count = len(next(iter(feeds.values())))
     # A feed of k rows per example ([batch * seq, ...]) is cut k rows at a time.
-    rows = {t: max(len(v) // count, 1) for t, v in feed_tensors.items()}
+    rows = {t: max(np.shape(v)[axes[t]] // count, 1) if np.ndim(v) else 1
+            for t, v in feed_tensors.items()}
+
+    def cut(t, v, i):
+        if not np.ndim(v):
+            return v
+        index = [slice(None)] * np.ndim(v)
+        index[axes[t]] = slice(i * rows[t], (i + batch_size) * rows[t])
+        return v[tuple(index)]
+
     chunks = []
     with tf.compat.v1.Session(graph=graph) as sess:
         for i in range(0, count, batch_size):
-            chunks.append(sess.run(fetches, {t: v[i * rows[t]:(i + batch_size) * rows[t]]
-                                             for t, v in feed_tensors.items()}))
-    return [np.concatenate([c[k] for c in chunks]) for k in range(len(names))]
+            chunks.append(sess.run(fetches, {t: cut(t, v, i) for t, v in feed_tensors.items()}))
+    if fetch_axes is None:
+        fetch_axes = [_graph_axis(t) for t in fetches]
+    return [np.concatenate([c[k] for c in chunks], axis=fetch_axes[k])
+            if chunks[0][k].ndim else chunks[0][k] for k in range(len(fetches))]
 
 
 def run_tflite_tensors(model: bytes, samples: "parity.Inputs", batch_size: int = 64
@@ -125,6 +161,7 @@ def run_tflite_tensors(model: bytes, samples: "parity.Inputs", batch_size: int =
         interp.invoke()
         for index in wanted:
             chunks[index].append(np.array(interp.get_tensor(index)))
+        signatures = {d["index"]: d.get("shape_signature") for d in interp.get_tensor_details()}
     # A QUANTIZE from an integer tensor: a requantized copy (the converter's
     # `<op>1` before a concatenation of another scale), not an op's own output.
     requantized = {op.outputs[0] for op in report.ops if op.name == "QUANTIZE"
@@ -133,7 +170,8 @@ def run_tflite_tensors(model: bytes, samples: "parity.Inputs", batch_size: int =
     for index in wanted:
         info = report.tensors[index]
         parts = chunks[index]
-        value = (np.concatenate(parts) if parts[0].ndim else parts[0]).astype(np.float64)
+        axis = example_axis(signatures.get(index)) if parts[0].ndim else 0
+        value = (np.concatenate(parts, axis=axis) if parts[0].ndim else parts[0]).astype(np.float64)
         integer = np.issubdtype(np.dtype(info.dtype), np.integer) and info.scale > 0
         if integer:
             value = (value - info.zero_point) * info.scale
@@ -155,18 +193,25 @@ def run_given_tflite(graph_def, inputs: Dict[str, np.ndarray], names: Sequence[s
     with graph.as_default():
         tf.import_graph_def(graph_def, name="")
 
+    def axis_of(name):
+        return _graph_axis(graph.get_tensor_by_name(name))
+
     def per_example(name, value):
         # The examples' axis, or a dynamic one of k rows per example
         # (BERT's [batch * seq, hidden] matrices).
-        if not np.ndim(value) or len(value) % count:
+        axis = axis_of(name)
+        if not np.ndim(value) or np.ndim(value) <= axis or np.shape(value)[axis] % count:
             return False
         shape = graph.get_tensor_by_name(name).shape
-        return len(value) == count or (shape.rank and shape[0] is None)
+        return np.shape(value)[axis] == count or (shape.rank and shape[axis] is None)
 
     forced = {name: match for name, match in forced.items()
               if per_example(name, tflite[match]["value"])}
     graph_def, placeholders = read_forced_inputs(graph_def, sorted(forced))
     feeds = dict(inputs)
+    feed_axes = {}
     for name, match in forced.items():
         feeds[placeholders[name]] = tflite[match]["value"].astype(np.float32)
-    return run_graph(graph_def, feeds, names, batch_size)
+        feed_axes[placeholders[name]] = axis_of(name)
+    return run_graph(graph_def, feeds, names, batch_size, feed_axes,
+                     [axis_of(name) for name in names])

@@ -36,6 +36,7 @@ from qat.export import freeze
 from qat.export import parity
 from qat.export import range_survival
 from qat.report import model_runs
+from qat.report import steps as steps_lib
 from qat.report.model_runs import bypass_fake_quants
 from qat.report.model_runs import read_forced_inputs  # pylint: disable=unused-import
 from qat.report.model_runs import run_tflite_tensors
@@ -61,6 +62,9 @@ class TensorNumerics:
     # max |TFLite - QAT| / scale when the eval graph reads TFLite's values of
     # the rows before this one: this layer's own difference (nan: unmatched).
     max_own_steps: float = math.nan
+    # The step of a recurrent layer the row's tensor is computed at (None:
+    # not a recurrent layer's; `qat.report.steps`).
+    step: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -122,7 +126,8 @@ class NumericsReport:
                  f"{'max steps':>9} {'mean steps':>10} {'own steps':>9} "
                  f"{'QAT-float steps':>15}"]
         for r in self.rows:
-            lines.append(f"  {r.name:<36} {_db(r.sqnr_qat_db):>14} {_db(r.sqnr_tflite_db):>15} "
+            name = r.name if r.step is None else f"{r.name} [step {r.step}]"
+            lines.append(f"  {name:<36} {_db(r.sqnr_qat_db):>14} {_db(r.sqnr_tflite_db):>15} "
                          f"{r.max_diff_steps:>9.2f} {r.mean_diff_steps:>10.3f} "
                          f"{r.max_own_steps:>9.2f} {r.max_qat_float_steps:>15.2f}")
         return "\n".join(lines)
@@ -207,13 +212,17 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
                                   structure.gradient_ops(graph))
         & structure.backward_closure(outputs))
     rows_spec = []  # (label, tensor name, candidate TFLite names)
+    row_steps = []
+    step_of = steps_lib.recurrent_steps(graph)
     for op in structure.topological_order(path, graph):
         if op.type in structure.FAKE_QUANT_TYPES:
             layer = structure.layer_of(op.inputs[0])
             label = layer.name if layer is not None else op.name.rsplit("/", 1)[0]
             rows_spec.append((label, op.outputs[0].name, [op.name, op.inputs[0].op.name]))
+            row_steps.append(step_of.get(op.inputs[0].op.name))
     for op in outputs:
         rows_spec.append((op.name, op.outputs[0].name, [op.name]))
+        row_steps.append(None)
     names = [tensor for _, tensor, _ in rows_spec]
     inputs = {freeze.tensor_name(n): v for n, v in feeds.items()}
     qat_values = model_runs.run_graph(frozen_graph_def, inputs, names, batch_size)
@@ -238,8 +247,8 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
     own_values = model_runs.run_given_tflite(frozen_graph_def, inputs, names, forced, tflite,
                                    batch_size)
     rows = []
-    for (label, tensor, _), qat, flt, match, own in zip(rows_spec, qat_values, float_values,
-                                                         matches, own_values):
+    for (label, tensor, _), qat, flt, match, own, recurrent_step in zip(
+            rows_spec, qat_values, float_values, matches, own_values, row_steps):
         lite = tflite[match] if match is not None else None
         scale = lite["scale"] if lite is not None else None
         step = scale or math.nan
@@ -252,7 +261,8 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
             max_steps = mean_steps = sqnr_lite = own_steps = math.nan
         rows.append(TensorNumerics(
             label, tensor, match, scale, sqnr_db(flt, qat), sqnr_lite, max_steps, mean_steps,
-            float(np.abs(qat - flt).max() / step) if qat.size else math.nan, own_steps))
+            float(np.abs(qat - flt).max() / step) if qat.size else math.nan, own_steps,
+            recurrent_step))
     return NumericsReport(flavour, len(next(iter(feeds.values()))), rows, drift_steps,
                           survival.lost)
 

@@ -128,7 +128,7 @@ class FunctionRewriter(object):
         graph = tf.compat.v1.get_default_graph()
         flat = tf.nest.flatten(outputs)
         ends = [tf.identity(t) for t in flat]
-        with function_graphs.editing(graph, self.store):
+        with function_graphs.editing(graph, self.store, ends):
             try:
                 result = api.rewrite_graph(graph, self.configs[training], self._replication)
             except ranges.UnplannedRangeError as e:

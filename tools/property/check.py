@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/property/check.py --examples=10000 --seed=0
     .venv/bin/python tools/property/check.py --suite=converter --examples=1000 --seed=0
+    .venv/bin/python tools/property/check.py --suite=converter --recurrent --examples=100
 
 Two suites. "rewrite" (the default) checks the rewrites themselves:
 
@@ -14,6 +15,11 @@ invariant of tools/property/invariants.py. A progress line is printed every
 and, for each violated one, the smallest violating network (greedily shrunk
 further within --shrink_budget checks). --time_limit_s stops early and says so.
 Exit status 1 on any violation, 0 otherwise.
+
+--recurrent draws recurrent networks instead, in either suite
+(tools/property/sequences.py: LSTMCell, BasicLSTMCell, GRUCell, BasicRNNCell,
+MultiRNNCell; static_rnn, dynamic_rnn as a While loop or a TF1 loop; stacked,
+bidirectional, every step's outputs or the last).
 
 "converter" puts TensorFlow's TFLite converter in the loop
 (tools/property/converter_networks.py, tools/property/converter_invariants.py): networks of
@@ -57,6 +63,9 @@ flags.DEFINE_integer("seed", 0, "Hypothesis seed (the run is reproducible).")
 flags.DEFINE_enum("suite", "rewrite", SUITES,
                   "rewrite: qat's rewrites alone; converter: through TFLite's converter.")
 flags.DEFINE_bool("grouped", False, "converter suite: draw grouped convolutions too.")
+flags.DEFINE_bool("recurrent", False,
+                  "Draw recurrent networks (tools/property/sequences.py: TF1 cells, unrolled "
+                  "and as both kinds of loops, stacked, bidirectional) instead.")
 flags.DEFINE_integer("max_depth", None,
                      "Most blocks per network (default: 6 rewrite, 4 converter).")
 flags.DEFINE_integer("progress_every", 100, "Print a progress line every N examples.")
@@ -84,8 +93,16 @@ class Suite:
     max_depth: int       # Default depth.
 
 
-def make_suite(name: str, grouped: bool = False) -> Suite:
-    """The suite called `name` (see SUITES)."""
+def make_suite(name: str, grouped: bool = False, recurrent: bool = False) -> Suite:
+    """The suite called `name` (see SUITES); `recurrent`: drawing recurrent networks."""
+    if recurrent:
+        from tools.property import sequences  # pylint: disable=g-import-not-at-top
+        if name == "converter":
+            from tools.property import converter_invariants as conv_invariants  # pylint: disable=g-import-not-at-top
+            return Suite(conv_invariants.INVARIANTS, sequences.sequence_networks,
+                         conv_invariants.violations, sequences.shrink, 2)
+        return Suite(invariants.INVARIANTS, sequences.sequence_networks,
+                     invariants.violations, sequences.shrink, 2)
     if name == "converter":
         from tools.property import converter_invariants as conv_invariants  # pylint: disable=g-import-not-at-top
         from tools.property import converter_networks as conv_networks  # pylint: disable=g-import-not-at-top
@@ -129,20 +146,21 @@ def _worker(args) -> _Tally:
     tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     logging.set_verbosity(logging.ERROR)
-    *args, suite_name, grouped, log = args
-    return run(*args, suite=make_suite(suite_name, grouped), violations_log=log)
+    *args, suite_name, grouped, recurrent, log = args
+    return run(*args, suite=make_suite(suite_name, grouped, recurrent), violations_log=log)
 
 
 def run_parallel(workers: int, num_examples: int, seed: int, max_depth: int,
                  progress_every: int, time_limit_s: float, suite_name: str = "rewrite",
-                 grouped: bool = False, violations_log: str = None) -> _Tally:
+                 grouped: bool = False, violations_log: str = None,
+                 recurrent: bool = False) -> _Tally:
     """`run` split over `workers` processes with seeds seed * 1000 + i."""
     counts = [num_examples // workers + (i < num_examples % workers)
               for i in range(workers)]
     jobs = [(n, seed * 1000 + i, max_depth, progress_every, time_limit_s, f"worker {i}: ",
-             suite_name, grouped, violations_log)
+             suite_name, grouped, recurrent, violations_log)
             for i, n in enumerate(counts) if n]
-    tally = _Tally(make_suite(suite_name, grouped).invariants)
+    tally = _Tally(make_suite(suite_name, grouped, recurrent).invariants)
     with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
         for part in pool.map(_worker, jobs):
             tally.merge(part)
@@ -190,12 +208,12 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)
     tf.get_logger().setLevel("ERROR")
     start = time.time()
-    suite = make_suite(FLAGS.suite, FLAGS.grouped)
+    suite = make_suite(FLAGS.suite, FLAGS.grouped, FLAGS.recurrent)
     max_depth = FLAGS.max_depth or suite.max_depth
     if FLAGS.workers > 1:
         tally = run_parallel(FLAGS.workers, FLAGS.examples, FLAGS.seed, max_depth,
                              FLAGS.progress_every, FLAGS.time_limit_s, FLAGS.suite,
-                             FLAGS.grouped, FLAGS.violations_log)
+                             FLAGS.grouped, FLAGS.violations_log, FLAGS.recurrent)
     else:
         tally = run(FLAGS.examples, FLAGS.seed, max_depth, FLAGS.progress_every,
                     FLAGS.time_limit_s, suite=suite, violations_log=FLAGS.violations_log)

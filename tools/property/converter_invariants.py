@@ -55,6 +55,7 @@ from qat import report
 from qat.export import kernel_checks
 from tools.property import converter_networks as networks
 from tools.property import invariants as rewrite_invariants
+from tools.property import sequences
 
 INVARIANTS = (
     "pipeline_succeeds",
@@ -74,6 +75,12 @@ NUMERICS_EXAMPLES = 8
 # Given the same inputs a kernel and the eval graph differ only where a value
 # lies within float rounding of a rounding boundary: one step.
 MAX_OWN_STEPS = 1.0 + 1e-3
+
+
+def _family(net):
+    """The module that builds `net`: `converter_networks`, or `sequences` for a
+    recurrent one."""
+    return sequences if isinstance(net, sequences.SeqNet) else networks
 
 
 def _session(graph: tf.Graph) -> tf.compat.v1.Session:
@@ -104,7 +111,7 @@ def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0
       preconditions the ranges its FakeQuants read in the last step violate
       (a message), or None.
     """
-    built = networks.build(net, training=True, seed=seed, batch=TRAIN_BATCH)
+    built = _family(net).build(net, training=True, seed=seed, batch=TRAIN_BATCH)
     graph = built.graph
     with graph.as_default():
         qat.experimental_create_training_graph(graph, symmetric_weights=True)
@@ -124,7 +131,7 @@ def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0
         sess.run(init)
         for step in range(TRAIN_STEPS):
             _, values = sess.run([train_op, range_fetches],
-                                 {built.input: networks.inputs(net, TRAIN_BATCH, seed + step)})
+                                 {built.input: _family(net).inputs(net, TRAIN_BATCH, seed + step)})
         saver.save(sess, checkpoint)
     return found, _describe(kernel_checks.violations(requirements, values))
 
@@ -145,7 +152,10 @@ def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0, found=
 
     `found`, a dict, gets what the eval graph quantizes (`ranges`).
     """
-    built = networks.build(net, training=False, seed=seed)
+    if isinstance(net, sequences.SeqNet):  # The export graph: the placeholder, no loss.
+        built = sequences.build(net, training=False, seed=seed, export=True, batch=None)
+    else:
+        built = networks.build(net, training=False, seed=seed)
     graph = built.graph
     with graph.as_default():
         qat.experimental_create_eval_graph(graph, symmetric_weights=True)
@@ -220,7 +230,7 @@ def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[
             stage = f"{flavour} conversion"
             model = export.convert_frozen_graph(
                 frozen, ["input"], ["output"], flavour,
-                input_ranges={"input": networks.input_range(net)})
+                input_ranges={"input": _family(net).input_range(net)})
             stage = f"{flavour} checks"
             try:
                 export.check_runnable(model, frozen, label=flavour)
@@ -231,8 +241,8 @@ def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[
             # The numerics check range survival too (`lost_ranges`).
             numerics = report.layer_numerics(
                 frozen, "input:0", ["output"],
-                networks.inputs(net, NUMERICS_EXAMPLES, seed=100), flavour=flavour,
-                model=model, input_range=networks.input_range(net))
+                _family(net).inputs(net, NUMERICS_EXAMPLES, seed=100), flavour=flavour,
+                model=model, input_range=_family(net).input_range(net))
             _record(results, "ranges_survive", flavour,
                     "; ".join(r.describe() for r in numerics.lost_ranges[:3]) or None)
             _record(results, "layers_within_one_step", flavour, _layers(numerics))
@@ -270,5 +280,5 @@ def violations(net: "networks.ConvNet", seed: int = 0) -> Dict[str, str]:
 
 def inputs_vary(net: "networks.ConvNet") -> bool:
     """Whether the numerics' examples differ (a sanity check for the tests)."""
-    x = networks.inputs(net, NUMERICS_EXAMPLES, seed=100)
+    x = _family(net).inputs(net, NUMERICS_EXAMPLES, seed=100)
     return len(np.unique(x.reshape(len(x), -1), axis=0)) > 1

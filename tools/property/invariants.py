@@ -61,9 +61,11 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 import qat
 from qat.engine import marks
 from qat.export import kernel_checks
+from qat.quantize.plan import dropout_patterns
 from qat.quantize.plan import fixed_ranges
 from qat.quantize.plan import op_table
 from tools.property import networks
+from tools.property import sequences
 
 INVARIANTS = (
     "rewrite_succeeds",
@@ -131,8 +133,8 @@ def weights_violations(graph: tf.Graph, kernels: Iterable[tf.Operation]) -> List
             op = queue.popleft()
             for t in op.outputs:
                 for c in t.consumers():
-                    if c in seen:
-                        continue
+                    if c in seen or marks.is_replaced(c):
+                        continue  # An op a rewrite replaced (a loop unrolled) computes nothing.
                     seen.add(c)
                     if _is_fake_quant(c):
                         quantized = True
@@ -180,7 +182,7 @@ def raw_and_quantized_violations(graph: tf.Graph, input_tensor: tf.Tensor) -> Li
         if not _is_fake_quant(fq) or fq.inputs[0].op not in data_ops:
             continue
         data = fq.inputs[0]
-        raw = [c for c in data.consumers() if not _is_fake_quant(c)]
+        raw = [c for c in data.consumers() if not _is_fake_quant(c) and not marks.is_replaced(c)]
         if not raw:
             continue
         allowed = _range_ops(fq, data)
@@ -198,6 +200,8 @@ def _is_statistic(op: tf.Operation) -> bool:
 
 _SAME_SCALE = frozenset(["Identity", "Reshape", "MaxPool", "Pad", "Squeeze",
                          "ExpandDims", "Select", "Cast", "Transpose",
+                         # A sequence's steps (input 0; a Split's is input 1).
+                         "Unpack", "StridedSlice", "Split", "ReverseV2",
                          # An atrous layer's range is on the conv output, the
                          # tensor TFLite's CONV_2D writes (docs/what_gets_a_range.md).
                          "BatchToSpaceND", "SpaceToBatchND"])
@@ -229,10 +233,14 @@ def _quantizing_fake_quant(t: tf.Tensor) -> Optional[tf.Operation]:
     for _ in range(100):
         if _is_fake_quant(t.op):
             return t.op
+        dropout = dropout_patterns.dropout_ops(t.op)
+        if dropout is not None:  # Looked through: the range is on what it reads.
+            t = dropout[t.op]
+            continue
         if t.op.type not in _SAME_SCALE or not t.op.inputs:
             return None
         # A delayed quantizer's Select: its quantized input.
-        t = t.op.inputs[1] if t.op.type == "Select" else t.op.inputs[0]
+        t = t.op.inputs[1] if t.op.type in ("Select", "Split") else t.op.inputs[0]
     return None
 
 
@@ -324,7 +332,7 @@ def quantized_tensor(fake_quant: tf.Operation) -> tf.Tensor:
     """The tensor a FakeQuant quantizes (back through qat's own ops)."""
     t = fake_quant.inputs[0]
     for _ in range(16):
-        if not marks.made_by_qat(t.op):
+        if marks.computes_the_model(t.op):
             return t
         t = t.op.inputs[0]
     return t
@@ -363,7 +371,8 @@ def output_range_violations(built: "networks.Built") -> List[str]:
         if _is_fake_quant(t.op) or fixed_ranges.fixed_grid(t.op) is not None:
             return []
         if not t.op.inputs or not (t.op.type in op_table.SAME_SCALE_TYPES
-                                   or t.op.type == "Select" or marks.made_by_qat(t.op)):
+                                   or t.op.type == "Select"
+                                   or not marks.computes_the_model(t.op)):
             break
         # A delayed quantizer's Select: its quantized input.
         t = t.op.inputs[1] if t.op.type == "Select" else t.op.inputs[
@@ -404,6 +413,17 @@ def export_violations(suffix: str, fed: List[str], quantizers: Dict[str, tf.Tens
     return problems
 
 
+def _family(net):
+    """The module that builds `net`: `networks`, or `sequences` for a recurrent one."""
+    return sequences if isinstance(net, sequences.SeqNet) else networks
+
+
+def _inputs(net, seed: int) -> np.ndarray:
+    if isinstance(net, sequences.SeqNet):
+        return sequences.inputs(net, seed=seed)
+    return networks.inputs(net, seed)
+
+
 def _structural(results, suffix, built) -> None:
     problems = weights_violations(built.graph, built.kernels)
     if problems:
@@ -436,7 +456,7 @@ def _boundary(results, suffix, built) -> None:
 
 def _check_export(net, results, seed) -> None:
     """The export graph: a placeholder, the model, no loss (eval rewrite)."""
-    built = networks.build(net, training=False, seed=seed, export=True)
+    built = _family(net).build(net, training=False, seed=seed, export=True)
     qat.create_eval_graph(built.graph)
     _record(results, "outputs_keep_ranges", "export", output_range_violations(built))
     quantizers = activation_quantizers(built.graph)
@@ -446,9 +466,9 @@ def _check_export(net, results, seed) -> None:
 
 
 def _check_eval(net, results, seed) -> None:
-    built = networks.build(net, training=False, seed=seed)
+    built = _family(net).build(net, training=False, seed=seed)
     g = built.graph
-    feed = {built.input: networks.inputs(net, seed)}
+    feed = {built.input: _inputs(net, seed)}
     with g.as_default():
         init = tf.compat.v1.global_variables_initializer()
     with _session(g) as sess:
@@ -488,7 +508,7 @@ def _kernel_violations(results, suffix, requirements, values) -> None:
 
 
 def _check_training(net, results, seed) -> None:
-    built = networks.build(net, training=True, seed=seed)
+    built = _family(net).build(net, training=True, seed=seed)
     g = built.graph
     qat.create_training_graph(g)
     _structural(results, "training", built)
@@ -507,7 +527,7 @@ def _check_training(net, results, seed) -> None:
     with _session(g) as sess:
         sess.run(init)
         values, ranges = sess.run([grads, kernel_checks.fetches(requirements)],
-                                  {built.input: networks.inputs(net, seed)})
+                                  {built.input: _inputs(net, seed)})
     _kernel_violations(results, "training", requirements, ranges)
     bad = [v.op.name for v, d in zip(variables, values) if not np.all(np.isfinite(d))]
     if bad:

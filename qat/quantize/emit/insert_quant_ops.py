@@ -124,7 +124,8 @@ def _spec(plan: Plan, config: config_lib.RewriteConfig,
         device=placement.compute_device(t, layers if plan.is_weight else ()),
         variable_device=placement.variable_device(t, layers),
         # TFLite fixes 8-bit grids only; at other widths the range is learnt.
-        fixed_range=plan.fixed if config.activation_bits == fixed_ranges.FIXED_BITS else None)
+        fixed_range=plan.fixed if config.activation_bits == fixed_ranges.FIXED_BITS else None,
+        variables_prefix=plan.variables_prefix)
 
 
 def quantize_record(config: config_lib.RewriteConfig) -> str:

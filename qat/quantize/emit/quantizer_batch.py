@@ -10,11 +10,10 @@ Two quantizers, as in `tf.contrib.quantize`:
 * moving average (activations): an exponential moving average of the batch
   min and max, not narrow.
 
-Shared ranges (`qat.quantize.plan.shared_ranges`): a spec with `range_of` reads an
-earlier quantizer's range instead of owning variables (as that quantizer's
-FakeQuant reads it, or, with `range_before_update`, the variables as they were
-before this step's update); `statistics_of` adds further tensors' batch min
-and max to a quantizer's update.
+Shared ranges (`qat.quantize.plan.shared_ranges`): a spec with `range_of` reads an earlier
+quantizer's range instead of owning variables (as that quantizer's FakeQuant reads it, or, with
+`range_before_update`, the variables as they were before this step's update); `statistics_of`
+adds further tensors' batch min and max to a quantizer's update.
 
 Each quantizer owns two non-trainable variables `<prefix>/min` and
 `<prefix>/max` (scalars, or vectors of the last dimension when per-channel) in
@@ -46,6 +45,7 @@ from qat.engine import marks
 from qat.engine import range_variables
 from qat.engine import rewrite as rewrite_lib
 from qat.quantize.emit import fake_quant_gradient
+from qat.quantize.emit import range_scopes
 from qat.quantize.emit import range_updates
 from qat.quantize.emit import step_statistics
 
@@ -105,6 +105,7 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
         self._fixed: List[bool] = []
         # id(spec) -> (name scope, min, max variables) of quantizers declared early.
         self._declared: Dict[int, tuple] = {}
+        self._scopes = range_scopes.RangeScopes(self._nodes.unique_name)
         self._ranges: List[tuple] = []
         self._device = ""           # Of the quantizer being added.
         self._variable_device = ""
@@ -189,7 +190,7 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
                 and step is None):
             raise ValueError("init_from_first_batch needs the quantization step.")
         declared = self._declared.pop(id(spec), None)
-        p = declared[0] if declared else self._nodes.unique_name(spec.prefix)
+        p = self._scopes.quantizer_scope(spec, declared)
         self._prefixes.append(p)
         self._device, self._variable_device = spec.device, spec.variable_device
         collections = self._collections(spec)
@@ -251,12 +252,13 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
             else:
                 lo, hi = self._ranges[spec.replica_of]
         else:
+            scope = self._scopes.variables_scope(spec, len(self._outputs), p, declared)
             if declared:
                 min_var, max_var = declared[1:]
             else:
                 var_shape = [int(channels)] if spec.per_channel else []
-                min_var = self._variable(p, "min", var_shape, spec.init_min, collections)
-                max_var = self._variable(p, "max", var_shape, spec.init_max, collections)
+                min_var = self._variable(scope, "min", var_shape, spec.init_min, collections)
+                max_var = self._variable(scope, "max", var_shape, spec.init_max, collections)
             self._earlier.append(None)
             if spec.is_training:
                 lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
@@ -324,7 +326,7 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
         can be read by a quantizer built before it.
         """
         if id(spec) not in self._declared:
-            p = self._nodes.unique_name(spec.prefix)
+            p = self._nodes.unique_name(spec.variables_prefix or spec.prefix)
             device, variable_device = self._device, self._variable_device
             self._device, self._variable_device = spec.device, spec.variable_device
             collections = self._collections(spec)

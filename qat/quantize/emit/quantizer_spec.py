@@ -134,6 +134,9 @@ class QuantizerSpec:
         concatenation's group).
       fixed_range: a constant (min, max) instead of variables
         (`qat.quantize.plan.fixed_ranges`): no variables, no updates.
+      variables_prefix: the name scope of the range variables when it is not
+        `prefix` (a recurrence's range is named after its first step, and
+        that step's quantizer, which reads it, takes the same scope).
       floors: in training, lower bounds on the moving-average range's width
         (TFLite kernel preconditions, `qat.quantize.emit.range_floors`),
         applied after the moving average: the assigned range meets them.
@@ -180,6 +183,7 @@ class QuantizerSpec:
     all_reduce: Optional[object] = None
     fixed_range: Optional[Tuple[float, float]] = None
     floors: Tuple[WidthFloor, ...] = ()
+    variables_prefix: Optional[str] = None
     combined: bool = False
     replica_of: Optional[int] = None
     earlier_join: Optional[tf.Operation] = None

@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
+from qat.engine import function_graphs
 from qat.engine import marks
 from qat.matching import tensors
 from qat.quantize.plan import feeds
@@ -65,7 +66,7 @@ ARITHMETIC = "arithmetic"
 LAYOUT_TYPES = frozenset([
     "Reshape", "Squeeze", "ExpandDims", "Transpose", "StridedSlice", "Slice",
     "GatherV2", "Split", "SplitV", "Unpack", "Tile", "Pad", "PadV2", "MirrorPad",
-    "StopGradient", "PreventGradient"])
+    "StopGradient", "PreventGradient", "ReverseV2"])
 # Ops that carry their one value operand on as the model does.
 STEP_TYPES = (op_table.ACTIVATION_TYPES | op_table.FUSABLE_ACTIVATION_TYPES
               | op_table.FIXED_RANGE_TYPES | op_table.SAME_SCALE_TYPES
@@ -279,9 +280,12 @@ def _split_rest(view, ordered: List[tf.Operation], model: Set[tf.Operation]) -> 
             and op.type not in qp.METADATA_TYPES]
     rest_set = set(rest)
     ends = []
+    returned = function_graphs.traced_outputs(view.graph)
     for op in rest:
         if is_root(op) or op in view.observers:
             continue
+        if returned is not None and op not in returned:
+            continue  # In a traced function, an unread op that is no output is dead.
         for out in op.outputs:
             if (tensors.is_float(out) and out.shape.rank != 0
                     and not [c for c in out.consumers() if c.type not in qp.METADATA_TYPES]):

@@ -161,6 +161,18 @@ def is_size_one_reduction(op: tf.Operation) -> bool:
     return bool(axes) and all(dims[a] == 1 for a in axes)
 
 
+# Same-scale ops the converter does not carry its input's scale through: left
+# float unless a FakeQuant states its output's scale (measured with a
+# bidirectional layer's REVERSE_V2 of its quantized input).
+UNPROPAGATED_TYPES = frozenset(["ReverseV2"])
+
+
+def needs_stated_scale(op: tf.Operation) -> bool:
+    """A same-scale op the converter keeps in float without a FakeQuant on its
+    output holding its input's range (`UNPROPAGATED_TYPES`)."""
+    return op.type in UNPROPAGATED_TYPES
+
+
 def is_identity_pool(op: tf.Operation) -> bool:
     """A pool with a 1x1 window and stride 1, or one that maps 1x1 to 1x1."""
     if op.type not in _POOLS:

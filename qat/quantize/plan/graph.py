@@ -9,12 +9,15 @@ holds the model/loss boundary (`model`, `loss`, `after_model`) that
 `qat.quantize.plan.boundary` decides.
 Module functions recognise quantizers an earlier pass built.
 """
+import heapq
 from typing import Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
 from qat.engine import marks
+from qat.matching import frames
 from qat.matching import layer_patterns
+from qat.matching import loops
 from qat.matching import tensors
 from qat.matching.matcher import GraphMatcher, MatchResult
 from qat.matching.tensors import forward_closure
@@ -40,6 +43,11 @@ def join(ctx: str, kind: str) -> str:
 
 is_float = tails.is_float  # Data FakeQuant can quantize (a batch norm's output 0 only).
 
+
+# Op types a prepare pass replaces and leaves unconnected, though they still
+# read the graph's tensors: a loop it unrolled (a While, a TF1 loop's Enter
+# ops), a call it inlined. Their reads are none of the model's.
+REPLACEABLE_TYPES = loops.LOOP_TYPES | loops.CALL_TYPES | frames.FRAME_TYPES
 
 # FakeQuant ops qat did not build (contrib's, hand-made): reused as ranges.
 USER_FAKE_QUANT_TYPES = tensors.FAKE_QUANT_TYPES | {"FakeQuantWithMinMaxArgs"}
@@ -99,6 +107,9 @@ class GraphView(tails.LayerTails):
              or qp.is_gradient_kernel(op)])
         layers = layer_patterns.layer_ops(graph)
         layers += [op for op in ops if op.type in qp.TRANSPOSED_CONV_TYPES]
+        # Ops a rewrite replaced (a loop it unrolled): no reader of theirs computes.
+        self.replaced = {op for op in ops if op.type in REPLACEABLE_TYPES
+                         and marks.is_replaced(op)}
         self.gradient_layers = [op for op in layers if op in self.gradient_ops]
         self.layers = sorted((op for op in layers if op not in self.gradient_ops),
                              key=lambda o: o._id)  # pylint: disable=protected-access
@@ -122,6 +133,8 @@ class GraphView(tails.LayerTails):
         # Summaries, prints, asserts, metric updates (`qat.quantize.plan.observers`).
         self.observers: Set[tf.Operation] = set()
         self.library = None
+        self._topological: Optional[Dict[tf.Operation, int]] = None
+        self._ordered: Optional[List[tf.Operation]] = None
         self._update_only = {}  # op -> feeds_only_state_updates(op)
 
     def _find_sources(self) -> None:
@@ -192,6 +205,49 @@ class GraphView(tails.LayerTails):
                     stack.append(i.op)
         return seen
 
+    def ordered_ops(self) -> List[tf.Operation]:
+        """The data ops in graph order, except that an op comes after the data
+        ops it reads (a rewrite made them after their readers: a loop it
+        unrolled); graph order is creation order, already topological
+        otherwise. A cycle (a TF1 loop's, unrolled and left unconnected) is
+        broken in graph order."""
+        if self._ordered is None:
+            ops = self.data_ops
+            pending = {op: sum(1 for i in op.inputs if i.op in ops and i.op is not op)
+                       for op in ops}
+            readers: Dict[tf.Operation, List[tf.Operation]] = {}
+            for op in ops:
+                for i in op.inputs:
+                    if i.op in ops and i.op is not op:
+                        readers.setdefault(i.op, []).append(op)
+            key = lambda o: o._id  # pylint: disable=protected-access
+            ready = [(key(op), op) for op, n in pending.items() if n == 0]
+            heapq.heapify(ready)
+            remaining = sorted(ops, key=key)
+            done: Set[tf.Operation] = set()
+            order: List[tf.Operation] = []
+            while len(order) < len(ops):
+                if not ready:  # A cycle: its first op in graph order.
+                    first = next(op for op in remaining if op not in done)
+                    heapq.heappush(ready, (key(first), first))
+                _, op = heapq.heappop(ready)
+                if op in done:
+                    continue
+                done.add(op)
+                order.append(op)
+                for reader in readers.get(op, ()):
+                    pending[reader] -= 1
+                    if pending[reader] == 0 and reader not in done:
+                        heapq.heappush(ready, (key(reader), reader))
+            self._ordered = order
+        return self._ordered
+
+    def topological_index(self) -> Dict[tf.Operation, int]:
+        """Each data op's position in `ordered_ops`."""
+        if self._topological is None:
+            self._topological = {op: k for k, op in enumerate(self.ordered_ops())}
+        return self._topological
+
     def function_library(self):
         """{function name: FunctionDef} of the graph (If branches)."""
         if self.library is None:
@@ -239,6 +295,8 @@ class GraphView(tails.LayerTails):
         return result
 
     def readers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
-        """Consumers that compute with the value (not Shape & co)."""
+        """Consumers that compute with the value (not Shape & co, nor an op a
+        rewrite replaced: those still read their inputs, quantized as every
+        consumer, but compute nothing)."""
         return [c for c in self.consumers(t, exclude)
-                if c.type not in qp.METADATA_TYPES]
+                if c.type not in qp.METADATA_TYPES and c not in self.replaced]

@@ -41,6 +41,14 @@ OWN_RANGE_TYPES = frozenset([
     # A matmul of two activations (attention's scores and context), whose
     # data inputs both need ranges; one with a weight operand is a layer.
     "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+    # PACK (`tf.stack`: a recurrent layer's outputs of every step), one scale
+    # for its inputs and output as CONCATENATION (`shared_ranges`).
+    "Pack",
+    # SELECT_V2 of two activations (a masked recurrent step keeps its state:
+    # where(mask, new, previous)): one scale for both and the output, as
+    # CONCATENATION; its condition is no value. With a constant it is the
+    # other value's same-scale op (`converter_rewrites.is_constant_select`).
+    "Select", "SelectV2",
 ])
 
 # Reductions: a reduction to a scalar is loss arithmetic, not a model op.
@@ -55,7 +63,10 @@ RANGE_NAMES = {
     "LeakyRelu": "leaky_relu_quant", "Rsqrt": "rsqrt_quant",
     "BatchMatMul": "matmul_quant", "BatchMatMulV2": "matmul_quant",
     "BatchMatMulV3": "matmul_quant", "Einsum": "einsum_quant",
+    "Pack": "pack_quant", "Select": "select_quant", "SelectV2": "select_quant",
 }
+# Ops whose input 0 is a condition, not a value.
+CONDITION_TYPES = frozenset(["Select", "SelectV2"])
 DEFAULT_RANGE_NAME = "act_quant"
 
 FUSABLE_ACTIVATION_TYPES = frozenset(["Relu", "Relu6"])
@@ -73,6 +84,8 @@ SAME_SCALE_TYPES = frozenset([
     "ExpandDims", "Transpose", "StridedSlice", "Slice", "DepthToSpace",
     "SpaceToDepth", "ResizeBilinear", "ResizeNearestNeighbor", "GatherV2",
     "Split", "SplitV", "Unpack", "Tile",
+    # REVERSE_V2 (a bidirectional layer's backward outputs in time order).
+    "ReverseV2",
     "StopGradient", "PreventGradient",
     # REDUCE_MAX / REDUCE_MIN (global max pooling): the input's scale.
     "Max", "Min",

@@ -60,6 +60,7 @@ from qat.quantize.plan import graph as plan_graph
 from qat.quantize.plan import kernel_requirements
 from qat.quantize.plan import op_table
 from qat.quantize.plan import patterns as qp
+from qat.quantize.plan import recurrences
 from qat.quantize.plan import replication as replication_lib
 from qat.quantize.plan import rules
 from qat.quantize.plan import shared_ranges
@@ -110,6 +111,9 @@ class Plan:
     # TFLite kernel preconditions this range must meet, on the plan owning its
     # variables (`qat.quantize.plan.kernel_requirements.Requirement`).
     requirements: List = dataclasses.field(default_factory=list)
+    # The name scope of its variables when not `prefix`: a recurrence's range
+    # is named after its first step (`qat.quantize.plan.recurrences`).
+    variables_prefix: Optional[str] = None
 
 
 class Planner(rules.RangeRules, entries.EntryPlanning,
@@ -159,6 +163,8 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         self._deferred: List[tf.Operation] = []
         self._named_last: List[Tuple[Plan, str]] = []  # (plan, name), `_plan(shares=...)`
         self._same_scale_ops: Dict[tf.Operation, bool] = {}
+        # The steps of recurrent layers (`qat.quantize.plan.recurrences`).
+        self.steps = recurrences.Steps()
 
     # --- Helpers ------------------------------------------------------------
 
@@ -274,7 +280,7 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         layers = [op for op in self.layers if self._in_scope(op)]
         for layer in layers:
             self.plan_weights(layer)
-        ordered = sorted(self.data_ops, key=lambda o: o._id)  # pylint: disable=protected-access
+        ordered = self.ordered_ops()
         self._find_structures(ordered)
         for layer in self.layers:
             tail, out = self.walk_tail(layer, stop=self.interior)
@@ -293,6 +299,7 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
                 self.tail_ops |= self.tails[layer]
         self._find_batch_statistics(ordered)
         self.plan_embeddings()
+        self.steps = recurrences.find(self)
         for op in ordered:
             self.visit(op)
         self._revisit_deferred()

@@ -23,6 +23,7 @@ from qat.quantize.plan import clamps
 from qat.quantize.plan import graph as plan_graph
 from qat.quantize.plan import op_table
 from qat.quantize.plan import patterns as qp
+from qat.quantize.plan import recurrences
 from qat.quantize.plan.graph import is_quantized_output
 
 _context = plan_graph.context
@@ -38,6 +39,11 @@ class RangeRules(object):
             if self._has_range(t):
                 return t
             op = t.op
+            value = self._filled_value(op)
+            if value is not None:
+                return value  # TFLite's FILL writes its value operand's scale.
+            if not self.is_data(t) and self._constant_state(t) is not None:
+                return self._constant_state(t)
             if self.entries.get(op) is not None:
                 return self.entries[op]  # A lookup's output has its table's scale.
             if op in self.looked_through:
@@ -59,9 +65,41 @@ class RangeRules(object):
                 return t
         return t
 
+    def _filled_value(self, op: tf.Operation):
+        """The constant a `Fill` of the data path fills with (a zero initial
+        state `Fill(batch size, 0)`), else None.
+
+        The converter keeps such a FILL (its shape is the batch's) and CSEs
+        identical ones (the zero cell and hidden states of an LSTM): a range
+        on its output would be lost. Quantized, the value operand makes each
+        FILL integer, writing the value's scale, and keeps them apart.
+        """
+        if (op.type != "Fill" or op not in self.data_ops or not _is_float(op.outputs[0])
+                or self.is_data(op.inputs[1]) or not _is_float(op.inputs[1])):
+            return None
+        return op.inputs[1]
+
+    def _constant_state(self, t: tf.Tensor):
+        """The recurrence's constant initial state `t` is (through Identity ops),
+        or None (`recurrences.Steps.initial_states`)."""
+        if not self.steps.initial_states:
+            return None
+        source = recurrences.constant_source(t)
+        return source if source in self.steps.initial_states else None
+
+    def _is_filled(self, s: tf.Tensor) -> bool:
+        """Whether `s` is a constant the model must quantize itself: the value
+        operand of a data-path `Fill` (`_source`), or a recurrence's constant
+        initial state (a zero state of a static batch size,
+        `recurrences.Steps.initial_states`)."""
+        return s in self.steps.initial_states or any(
+            self._filled_value(c) is s for c in s.consumers())
+
     def _is_ranged(self, t: tf.Tensor) -> bool:
         """True if `t` reaches TFLite with a scale (learnt, fixed or constant)."""
         s = self._source(t)
+        if self._is_filled(s):
+            return self._has_range(s)
         if self._has_range(s) or not self.is_data(s) or s.op in self.interior:
             return True
         if s.op.type in op_table.FIXED_RANGE_TYPES:
@@ -69,8 +107,11 @@ class RangeRules(object):
         return False
 
     def _is_input(self, t: tf.Tensor) -> bool:
-        """Whether `t`'s range is a model source's (`qat.quantize.plan.feeds`)."""
-        return self.is_source(self._source(t))
+        """Whether `t`'s range is planned where it is read first: a model
+        source's (`qat.quantize.plan.feeds`), or the value a `Fill` fills
+        with (a recurrence's zero initial state, `_filled_value`)."""
+        s = self._source(t)
+        return self.is_source(s) or self._is_filled(s)
 
     def _require(self, t: tf.Tensor) -> None:
         """Gives `t` a range if it has none, at its source, for all readers."""
@@ -80,6 +121,10 @@ class RangeRules(object):
         if not _is_float(s):
             self._leave(s.name, "dtype %s: FakeQuant takes float32, float16 or bfloat16 only"
                         % s.dtype.name)
+            return
+        if self._is_filled(s):
+            fill = next((c for c in s.consumers() if self._filled_value(c) is s), s.op)
+            self._plan(s, plan_graph.own_context(fill), "fill_quant", -6.0, self.consumers(s))
             return
         self._plan(s, self._entry_context(s), "input_quant", -6.0,
                    self.consumers(s))
@@ -169,7 +214,8 @@ class RangeRules(object):
         return op_table.RANGE_NAMES.get(op.type, op_table.DEFAULT_RANGE_NAME)
 
     def visit_own_range(self, op: tf.Operation) -> None:
-        data = [i for i in op.inputs if self.is_data(i)]
+        values = op.inputs[1:] if op.type in op_table.CONDITION_TYPES else op.inputs
+        data = [i for i in values if self.is_data(i) or self._constant_state(i) is not None]
         if not data or (op.type in op_table.REDUCTION_TYPES
                         and op.outputs[0].shape.rank == 0):
             return

@@ -68,15 +68,19 @@ members use lag one step behind in training; eval graphs read the variables
 everywhere, identically. A pool's rounding reads its input's range exactly as
 the input's FakeQuant reads it.
 
-Identical ops (one type, the same input tensors and attributes: two ReLUs
-of one tensor, as NASNet-A's cell operations start) are one op for the
-converter, which keeps one of them and its scale: in eval graphs each later
-one reads the first one's range (`share_identical_outputs`). In training
-graphs each keeps its own (the same statistics: they compute one value), so
-a reader only the training graph has never owns the range the eval graph
-reads: PNASNet's auxiliary head reads a cell's output through a ReLU of its
-own, made before the next cell's identical ReLU, whose range the eval graph
-then restores from the training checkpoint under its own name.
+Identical ops (one type, attributes and inputs of the same values: two
+ReLUs of one tensor, as NASNet-A's cell operations start; a recurrent
+loop's first step and the one Keras computes outside the loop) are one op
+for the converter, which keeps one of them and its scale: in eval graphs
+each later one reads the first one's range (`share_identical_outputs`). In
+training graphs each plain one keeps its own (the same statistics: they
+compute one value), so a reader only the training graph has never owns the
+range the eval graph reads: PNASNet's auxiliary head reads a cell's output
+through a ReLU of its own, made before the next cell's identical ReLU, whose
+range the eval graph then restores from the training checkpoint under its
+own name. Where one of them is in a group or reads another's range (the
+constant zero states of stacked recurrent layers), all read that range in
+both graphs.
 
 Not grouped: concatenation inputs with no range planned in this call (a
 FakeQuant the user or an earlier call built, a fixed-range op's output such
@@ -90,9 +94,12 @@ from qat.matching import tensors
 from qat.quantize.plan import clamps
 from qat.quantize.plan import converter_rewrites
 from qat.quantize.plan import op_table
+from qat.quantize.plan import recurrences
 from qat.quantize.plan import graph as plan_graph
 
-CONCAT_TYPES = frozenset(["ConcatV2", "Concat"])
+# Ops whose inputs and output TFLite keeps in one scale (CONCATENATION, PACK,
+# SELECT_V2 of two values).
+CONCAT_TYPES = frozenset(["ConcatV2", "Concat", "Pack", "Select", "SelectV2"])
 # Ops TFLite runs with their input's scale and a rounded output.
 ROUNDING_TYPES = frozenset(["AvgPool", "ResizeBilinear"])
 _ROUNDING_NAMES = {"AvgPool": "avg_pool_quant", "ResizeBilinear": "resize_quant"}
@@ -111,35 +118,54 @@ def plan(planner, ordered: List[tf.Operation]) -> None:
         if op.type in ROUNDING_TYPES and planner._in_scope(op):  # pylint: disable=protected-access
             plan_rounding(planner, op)
         elif ((converter_rewrites.is_size_one_reduction(op)
+               or converter_rewrites.needs_stated_scale(op)
                or clamps.is_same_scale_clamp(op, planner.is_data)
                or (converter_rewrites.is_constant_select(op, planner.is_data)
                    and op not in planner.looked_through))
               and planner._in_scope(op)):  # pylint: disable=protected-access
             plan_identity_rounding(planner, op)
+    share_concat_ranges(planner, ordered, planner.steps)
     share_identical_outputs(planner, ordered)
-    share_concat_ranges(planner, ordered)
 
 
 def share_identical_outputs(planner, ordered: List[tf.Operation]) -> None:
-    """Ops computing the same value (one type, inputs and attributes: two
-    ReLUs of one tensor) are one op for the converter, with one scale: in
-    eval graphs each later one reads the first one's range (training graphs:
-    see the module docstring)."""
-    if planner.is_training:
-        return
-    first: Dict[tuple, List[tf.Operation]] = {}
+    """Ops computing the same value (`tensors.ValueNumbers`; see the module
+    docstring) are one op for the converter, with one scale: they read one
+    range, a group's where one of them is in a group or reads another's
+    (`share_concat_ranges`, a recurrence's state: run before), else, in eval
+    graphs only, the first one's."""
+    numbers = tensors.ValueNumbers()
+    same: Dict[int, List[tf.Operation]] = {}
     for op in ordered:
         if not op.outputs or op not in planner.model:
             continue
         plan = planner.plans.get(op.outputs[0])
-        if plan is None or plan.is_weight or plan.shared is not None or plan.fixed is not None:
-            continue
-        key = (op.type, tuple(op.inputs))
-        owner = next((o for o in first.get(key, ()) if tensors.same_computation(o, op)), None)
+        if plan is None or plan.is_weight or plan.fixed is not None or (
+                plan.shared is not None and not plan.before_update):
+            continue  # A rounding or a twin of its own reads its range already.
+        same.setdefault(numbers.number(op), []).append(op)
+    for ops in same.values():
+        plans = [planner.plans[op.outputs[0]] for op in ops]
+        owner = next((p for p in plans if p.shared is not None or p.members), None)
         if owner is None:
-            first.setdefault(key, []).append(op)
-        elif not plan.members:
-            plan.shared = planner.plans[owner.outputs[0]]
+            if planner.is_training:
+                continue  # Each its own range: one only training has owns none.
+            owner = plans[0]
+        for plan in plans:
+            if (plan is not owner and plan.shared is None and not plan.members
+                    and not _reads_range_of(owner, plan)):
+                plan.shared = owner
+
+
+def _reads_range_of(plan, other) -> bool:
+    """Whether `plan` reads `other`'s range, through the plans it shares."""
+    for _ in range(10000):
+        if plan is other:
+            return True
+        if plan.shared is None:
+            return False
+        plan = plan.shared
+    return True
 
 
 def plan_rounding(planner, op: tf.Operation) -> None:
@@ -201,8 +227,10 @@ def plan_identity_rounding(planner, op: tf.Operation) -> None:
             planner.plans[out].shared = source
 
 
-def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
-    """Groups each planned concatenation with its inputs' sources (see above)."""
+def share_concat_ranges(planner, ordered: List[tf.Operation],
+                        steps: "recurrences.Steps") -> None:
+    """Groups each planned concatenation (or stack) with its inputs' sources,
+    and the steps of each recurrence (`qat.quantize.plan.recurrences`)."""
     parent: Dict[tf.Tensor, tf.Tensor] = {}
 
     def find(t):
@@ -211,11 +239,17 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             t = parent[t]
         return t
 
+    def join(a, b):
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        parent[find(a)] = find(b)
+
     concats = []
     for op in ordered:
         out = op.outputs[0] if op.outputs else None
-        if op.type not in CONCAT_TYPES or out not in planner.plans or op not in planner.model:
-            continue
+        if (op.type not in CONCAT_TYPES or out not in planner.plans or op not in planner.model
+                or planner.plans[out].shared is not None):
+            continue  # A select of a constant reads its value's range (a rounding).
         concats.append(out)
         parent.setdefault(out, out)
         for i in op.inputs:
@@ -225,22 +259,37 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             plan = planner.plans.get(source)
             if plan is None or plan.is_weight or plan.per_channel:
                 continue
-            parent.setdefault(source, source)
-            parent[find(source)] = find(out)
+            join(source, out)
             for upstream in _removed_reduction_sources(planner, source):
-                parent.setdefault(upstream, upstream)
-                parent[find(upstream)] = find(out)
+                join(upstream, out)
             merged = _merged_resize_input(planner, source)
             if merged is not None:
-                parent.setdefault(merged, merged)
-                parent[find(merged)] = find(out)
+                join(merged, out)
+    stepped = set()
+    for x, y in steps.tensor_pairs:
+        sx, sy = _step_member(planner, x), _step_member(planner, y)
+        if sx is not None and sy is not None and sx is not sy:
+            join(sx, sy)
+            stepped.update((sx, sy))
     groups: Dict[tf.Tensor, List[tf.Tensor]] = {}
     for t in parent:
         groups.setdefault(find(t), []).append(t)
     position = {t: k for k, t in enumerate(concats)}
+    order = None
     for members in groups.values():
-        # The last concatenation in graph order owns the range.
-        owner = max((t for t in members if t in position), key=position.get)
+        if (len(members) < 2 or _takes_fixed_grid(planner, members)
+                or all(planner.plans[t].fixed is not None for t in members)):
+            continue  # Fixed grids: the kernels', constants.
+        if any(t in stepped for t in members):
+            # The member computed last owns the range (nothing in the group
+            # depends on it), named as its cell op's first step.
+            order = order if order is not None else planner.topological_index()
+            owner = max((t for t in members if planner.plans[t].fixed is None),
+                        key=lambda t: (order.get(t.op, -1), t.value_index))
+            _name_after_first_step(planner, owner, members, steps, order)
+        else:
+            # The last concatenation in graph order owns the range.
+            owner = max((t for t in members if t in position), key=position.get)
         owner_plan = planner.plans[owner]
         for t in sorted(members, key=lambda t: (t.op._id, t.value_index)):  # pylint: disable=protected-access
             if t is owner:
@@ -251,11 +300,60 @@ def share_concat_ranges(planner, ordered: List[tf.Operation]) -> None:
             owner_plan.members.append(t)
 
 
+# Ops whose TFLite kernel needs one scale for its values and output, which the
+# converter does not requantize to ("same scale constraint"): unlike a
+# CONCATENATION's, their inputs cannot keep a kernel's fixed grid of their own.
+_ONE_SCALE_TYPES = frozenset(["Select", "SelectV2", "Pack"])
+
+
+def _takes_fixed_grid(planner, members: List[tf.Tensor]) -> bool:
+    """Where a group with an op of `_ONE_SCALE_TYPES` has a member on a
+    kernel's fixed grid (a SimpleRNN's state: a TANH output, kept by a mask's
+    select), every member takes that grid: True when it did."""
+    grids = {planner.plans[t].fixed for t in members} - {None}
+    if len(grids) != 1 or not any(t.op.type in _ONE_SCALE_TYPES for t in members):
+        return False
+    grid = grids.pop()
+    for t in members:
+        plan = planner.plans[t]
+        plan.fixed, plan.shared, plan.before_update = grid, None, False
+    return True
+
+
+def _step_member(planner, t: tf.Tensor):
+    """The planned range a recurrence's cell value `t` has, if it can be shared."""
+    if (not (planner.is_data(t) or planner._constant_state(t) is not None)  # pylint: disable=protected-access
+            or not plan_graph.is_float(t)):
+        return None
+    source = planner._source(t)  # pylint: disable=protected-access
+    plan = planner.plans.get(source)
+    if plan is None or plan.is_weight or plan.per_channel or plan.shared is not None:
+        return None
+    return source
+
+
+def _name_after_first_step(planner, owner: tf.Tensor, members: List[tf.Tensor],
+                           steps: "recurrences.Steps", order) -> None:
+    """Names the group's variables after the first step of its last cell value
+    (the last step's, computed last): the same name whatever the number of
+    steps, and for a loop and its unrolled form."""
+    stepped = [t for t in members if t.op in steps.op_class and planner.plans[t].fixed is None]
+    if not stepped:
+        return
+    last = max(stepped, key=lambda t: (order.get(t.op, -1), t.value_index))
+    first_op = steps.op_class[last.op]
+    firsts = [t for t in members if t.op is first_op and planner.plans[t].fixed is None]
+    if firsts and firsts[0] is not owner:
+        planner.plans[owner].variables_prefix = planner.plans[firsts[0]].prefix
+
+
 def _removed_reduction_sources(planner, member: tf.Tensor) -> List[tf.Tensor]:
-    """The ranges a member that is a reduction over size-1 axes reads by construction.
+    """The ranges a member that is a reduction over size-1 axes (or a
+    `converter_rewrites.needs_stated_scale` op: a reverse) reads by construction.
 
     Its FakeQuant (`plan_identity_rounding`) reads its input's source range;
-    the converter removes the reduction, so the concatenation reads that
+    the converter removes the reduction (runs the reverse in its input's
+    scale), so the concatenation reads that
     source's tensor in TFLite: the source joins the group (and so on up a
     chain of such reductions), or TFLite sees two scales ("same scale
     constraint").
@@ -264,7 +362,8 @@ def _removed_reduction_sources(planner, member: tf.Tensor) -> List[tf.Tensor]:
     t = member
     for _ in range(10000):
         op = t.op
-        if (not converter_rewrites.is_size_one_reduction(op)
+        if (not (converter_rewrites.is_size_one_reduction(op)
+                 or converter_rewrites.needs_stated_scale(op))
                 or not planner.is_data(op.inputs[0])):
             break
         t = planner._source(op.inputs[0])  # pylint: disable=protected-access
