@@ -295,9 +295,6 @@ def observe(kinds: Tuple[str, ...], targets: List[tf.Tensor]) -> None:
     for j, kind in enumerate(kinds):
         t = targets[j % len(targets)]
         name = f"observed_{j}"
-        flat = tf.reshape(t, [tf.shape(t)[0], -1])
-        labels = tf.compat.v1.placeholder_with_default(
-            tf.zeros(tf.shape(flat)[:1], tf.int32), [t.shape[0]], name=name + "_labels")
         if kind == "histogram":
             tf.compat.v1.summary.histogram("activations/" + name, t)
         elif kind == "zero_fraction":
@@ -312,7 +309,10 @@ def observe(kinds: Tuple[str, ...], targets: List[tf.Tensor]) -> None:
             tf.debugging.assert_all_finite(t, name)
         elif kind == "check_numerics":
             tf.debugging.check_numerics(t, name)
-        else:
+        else:  # A metric (built only here: an unread reshape would be a model output).
+            flat = tf.reshape(t, [tf.shape(t)[0], -1])
+            labels = tf.compat.v1.placeholder_with_default(
+                tf.zeros(tf.shape(flat)[:1], tf.int32), [t.shape[0]], name=name + "_labels")
             classes = int(flat.shape[-1]) if flat.shape[-1] is not None else 1
             if kind == "accuracy":
                 _, update = tf.compat.v1.metrics.accuracy(labels, tf.argmax(flat, 1))
