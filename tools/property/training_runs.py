@@ -198,6 +198,14 @@ def example_runs() -> Dict[str, TrainingRun]:
             training_loop.Regime("sgd_1", 2),
             branches_lib.Branches(reader="relu", aux="block_output", aux_reader="relu",
                                   aux_scope="shared", drop_path="div_mask", drop_block=1)),
+        # A drop path after hard-swish, whose x * relu6(x + 3) / 6 ends in a
+        # constant multiply: the drop path's scale is 1 / keep, the 1/6 is the
+        # model's (a scale of another value is no dropout's).
+        "drop_path_after_hard_swish": TrainingRun(
+            networks.Network(4, True, (dataclasses.replace(conv, activation="hard_swish"),
+                                       conv)),
+            training_loop.Regime("sgd_1", 2),
+            branches_lib.Branches(drop_path="mask_div", drop_block=0)),
         # Item 3: what slim's script and users watch the model with.
         "observers": TrainingRun(
             networks.Network(4, True, (conv, conv), head="identity"),
