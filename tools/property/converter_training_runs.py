@@ -196,6 +196,17 @@ def example_runs() -> Dict[str, ConverterTrainingRun]:
         "nan_then_export": ConverterTrainingRun(
             networks.ConvNet(4, "none", (block("conv", 4, batch_norm=True),), head="softmax"),
             training_loop.Regime("sgd_1", 3, "nan", bad_after=1)),
+        # A squeeze-excite block's multiply read through a ReLU6 (TFLite fuses
+        # it into the MUL), watched by a histogram and a control flow v2
+        # assert (an `If` guard): neither unfuses it in the training graph.
+        "observed_fused_multiply": ConverterTrainingRun(
+            networks.ConvNet(8, "scale_offset", (
+                block("se", 2, variant="sigmoid"),
+                block("conv", 5, stride=2, kernel=1, batch_norm=True, activation="none")),
+                head="logits"),
+            training_loop.Regime("sgd_1", 2),
+            branches_lib.Branches(reader="relu6", observers=("assert", "histogram"),
+                                  control_flow="v2")),
         # Item 2: PNASNet's head, before the next cell's identical ReLU.
         "aux_head_export": ConverterTrainingRun(
             networks.ConvNet(4, "none", (block("conv", 4), block("conv", 4))),
