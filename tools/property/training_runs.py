@@ -206,6 +206,16 @@ def example_runs() -> Dict[str, TrainingRun]:
                                        conv)),
             training_loop.Regime("sgd_1", 2),
             branches_lib.Branches(drop_path="mask_div", drop_block=0)),
+        # A concatenation of ref variables' reads (Snapshot ops in training
+        # graphs) whose output an aux head kept in eval graphs reads: its
+        # members' ranges are the concatenation's variables in every graph.
+        "ref_variable_concat_aux_in_eval": TrainingRun(
+            networks.Network(4, False, (networks.Block(
+                "atrous", 3, "none", "none", "hard_swish", "post", "net_input",
+                dropout="keras", offset=-8.0),), head="reshape", head_in_scope=False,
+                head_dropout="keras", feed="tf.data", pipeline="reshape", loss="mse_const"),
+            training_loop.Regime("sgd_1", 2, overlap=1),
+            branches_lib.Branches(aux="block_output", aux_in_eval=True)),
         # Item 3: what slim's script and users watch the model with.
         "observers": TrainingRun(
             networks.Network(4, True, (conv, conv), head="identity"),
