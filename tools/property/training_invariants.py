@@ -41,6 +41,7 @@ import tensorflow as tf
 from qat import api
 from qat.engine import config as config_lib
 from qat.engine import marks
+from qat.quantize.plan import dropout_patterns
 from qat.tflite import graph_structure as structure
 from tools.property import invariants as rewrite_invariants
 from tools.property import training_loop
@@ -276,8 +277,15 @@ def _model_tensor(t: tf.Tensor) -> tf.Tensor:
     return t
 
 
+def _is_dropout(op: tf.Operation) -> bool:
+    found = dropout_patterns.dropout_ops(op)
+    return bool(found) and op in found
+
+
 def _readers(fake_quant: tf.Operation) -> frozenset:
-    """The model ops reading a FakeQuant's output, forward through qat's ops."""
+    """The model ops reading a FakeQuant's output, forward through qat's ops,
+    dropout's (training graphs only have it) and Identity ops (an eval
+    graph's dropout)."""
     found, stack, seen = set(), [fake_quant], {fake_quant}
     while stack:
         for out in stack.pop().outputs:
@@ -285,7 +293,7 @@ def _readers(fake_quant: tf.Operation) -> frozenset:
                 if c in seen:
                     continue
                 seen.add(c)
-                if marks.made_by_qat(c):
+                if marks.made_by_qat(c) or c.type == "Identity" or _is_dropout(c):
                     stack.append(c)
                 else:
                     found.add(c.name)
