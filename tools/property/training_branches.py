@@ -320,7 +320,8 @@ def observe(kinds: Tuple[str, ...], targets: List[tf.Tensor]) -> None:
                 _, update = tf.compat.v1.metrics.auc(tf.one_hot(labels, classes),
                                                      tf.sigmoid(flat))
             elif kind == "mean_tensor":
-                _, update = tf.compat.v1.metrics.mean_tensor(t * 0.5)
+                # A mean of per-example means: mean_tensor needs a static shape.
+                _, update = tf.compat.v1.metrics.mean_tensor(tf.reduce_mean(t, 0) * 0.5)
             else:  # precision_at_k
                 _, update = tf.compat.v1.metrics.precision_at_k(
                     tf.cast(labels, tf.int64), flat, min(2, classes))
