@@ -116,8 +116,8 @@ def _model_reader(b: Branches, activations) -> str:
 def _reads_validly(b: Branches, activations) -> bool:
     """Where the model reads the head's source through a ReLU or ReLU6 (which
     TFLite fuses into the op before it), the head reads it through an
-    identical op; and a head's reader in the model's scope is identical to the
-    model's op there. (docs/known_limits.md: a different reader unfuses the
+    identical op; and a head's reader in the model's scope is identical to an
+    op the model has there. (docs/known_limits.md: a different reader unfuses the
     model's activation in the training graph, and an op of another kind in a
     model scope shifts the model's range numbers there, as TensorFlow's op
     names.)"""
@@ -128,7 +128,9 @@ def _reads_validly(b: Branches, activations) -> bool:
         return False
     if model != "none" and b.aux_reader != model:
         return False
-    return b.aux_scope == "own" or b.aux_reader != "none"
+    # In the model's scope only where the model has the identical op: any
+    # other op there renumbers the model's ranges (docs/known_limits.md).
+    return b.aux_scope == "own" or (b.aux_reader != "none" and model == b.aux_reader)
 
 
 def is_valid(b: Branches, depth: int,
