@@ -333,6 +333,20 @@ class FoldBatchNormsTest(tf.test.TestCase, parameterized.TestCase):
 
 class FoldStructureTest(tf.test.TestCase):
 
+    def test_op_reading_the_batch_norm_twice_is_rerouted_once_per_input(self):
+        # tf.compat.v1.Print(y, [y]) and y * y read y at two inputs each.
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [_BATCH, _SIZE, _SIZE, 3], name="x")
+            y = _batch_norm("unfused", _layer("conv_bias", x), training=False)
+            square = tf.multiply(y, y, name="square")
+            printed = tf.compat.v1.Print(y, [y], "watched")
+        result = fold_batch_norms(g, is_training=False)
+        self.assertLen(result.folded, 1)
+        folded = result.folded[0].bias_add.outputs[0]
+        self.assertEqual(list(square.op.inputs), [folded, folded])
+        self.assertEqual(list(printed.op.inputs)[:2], [folded, folded])
+
     def test_second_call_changes_nothing(self):
         for training, bn, use_cond in ((False, "fused", False), (True, "fused", False),
                                        (False, "unfused", False), (True, "unfused", False),

@@ -82,8 +82,13 @@ class Rewrite(object):
 
     def reroute_consumers(self, old: tf.Tensor, new: TensorRef,
                           consumers: Sequence[tf.Operation]) -> None:
-        """Every input of `consumers` that reads `old` will read `new`."""
-        for op in consumers:
+        """Every input of `consumers` that reads `old` will read `new`.
+
+        An op reading `old` at several inputs (`tf.compat.v1.Print(x, [x])`,
+        `x * x`) is listed once per input by `old.consumers()`: each of its
+        inputs is rerouted once.
+        """
+        for op in dict.fromkeys(consumers):
             for i, t in enumerate(op.inputs):
                 if t is old:
                     self.reroute(op, i, new)

@@ -79,12 +79,14 @@ class QuantizerOp:
 
 
 def variable_of(tensor: tf.Tensor, depth: int = 4) -> Optional[str]:
-    """The variable op name a tensor reads (through ReadVariableOp/Identity)."""
+    """The variable op name a tensor reads (through ReadVariableOp, Identity or
+    Snapshot: a ref variable's value before an update, which a concatenation's
+    members read in training graphs)."""
     op = tensor.op
     for _ in range(depth):
         if op.type in VARIABLE_TYPES:
             return op.name
-        if op.type not in ("ReadVariableOp", "Identity") or not op.inputs:
+        if op.type not in ("ReadVariableOp", "Identity", "Snapshot") or not op.inputs:
             return None
         op = op.inputs[0].op
     return op.name if op.type in VARIABLE_TYPES else None

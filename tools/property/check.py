@@ -2,7 +2,6 @@
 
     .venv/bin/python tools/property/check.py --examples=10000 --seed=0
     .venv/bin/python tools/property/check.py --suite=converter --examples=1000 --seed=0
-    .venv/bin/python tools/property/check.py --suite=converter --recurrent --examples=100
 
 Two suites. "rewrite" (the default) checks the rewrites themselves:
 
@@ -15,11 +14,6 @@ invariant of tools/property/invariants.py. A progress line is printed every
 and, for each violated one, the smallest violating network (greedily shrunk
 further within --shrink_budget checks). --time_limit_s stops early and says so.
 Exit status 1 on any violation, 0 otherwise.
-
---recurrent draws recurrent networks instead, in either suite
-(tools/property/sequences.py: LSTMCell, BasicLSTMCell, GRUCell, BasicRNNCell,
-MultiRNNCell; static_rnn, dynamic_rnn as a While loop or a TF1 loop; stacked,
-bidirectional, every step's outputs or the last).
 
 "converter" puts TensorFlow's TFLite converter in the loop
 (tools/property/converter_networks.py, tools/property/converter_invariants.py): networks of
@@ -35,6 +29,7 @@ import multiprocessing
 import os
 import sys
 import time
+from typing import Sequence
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -52,8 +47,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 # The checkout's root (tools/property/ is two levels below it): `tools.property` imports.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tools.property import invariants  # pylint: disable=g-import-not-at-top
-from tools.property import networks  # pylint: disable=g-import-not-at-top
+from tools.property import families as families_lib  # pylint: disable=g-import-not-at-top
 
 SUITES = ("rewrite", "converter")
 
@@ -63,9 +57,10 @@ flags.DEFINE_integer("seed", 0, "Hypothesis seed (the run is reproducible).")
 flags.DEFINE_enum("suite", "rewrite", SUITES,
                   "rewrite: qat's rewrites alone; converter: through TFLite's converter.")
 flags.DEFINE_bool("grouped", False, "converter suite: draw grouped convolutions too.")
-flags.DEFINE_bool("recurrent", False,
-                  "Draw recurrent networks (tools/property/sequences.py: TF1 cells, unrolled "
-                  "and as both kinds of loops, stacked, bidirectional) instead.")
+flags.DEFINE_list("families", [],
+                  "Draw from these families of the suite only (default: all; "
+                  "tools/property/families.py: networks, training, recurrent).")
+flags.DEFINE_bool("recurrent", False, "Draw recurrent networks only (--families=recurrent).")
 flags.DEFINE_integer("max_depth", None,
                      "Most blocks per network (default: 6 rewrite, 4 converter).")
 flags.DEFINE_integer("progress_every", 100, "Print a progress line every N examples.")
@@ -93,38 +88,29 @@ class Suite:
     max_depth: int       # Default depth.
 
 
-def make_suite(name: str, grouped: bool = False, recurrent: bool = False) -> Suite:
-    """The suite called `name` (see SUITES); `recurrent`: drawing recurrent networks."""
-    if recurrent:
-        from tools.property import sequences  # pylint: disable=g-import-not-at-top
-        if name == "converter":
-            from tools.property import converter_invariants as conv_invariants  # pylint: disable=g-import-not-at-top
-            return Suite(conv_invariants.INVARIANTS, sequences.sequence_networks,
-                         conv_invariants.violations, sequences.shrink, 2)
-        return Suite(invariants.INVARIANTS, sequences.sequence_networks,
-                     invariants.violations, sequences.shrink, 2)
-    if name == "converter":
-        from tools.property import converter_invariants as conv_invariants  # pylint: disable=g-import-not-at-top
-        from tools.property import converter_networks as conv_networks  # pylint: disable=g-import-not-at-top
-        return Suite(conv_invariants.INVARIANTS,
-                     lambda depth: conv_networks.conv_networks(depth, grouped=grouped),
-                     conv_invariants.violations, conv_networks.shrink, 4)
-    return Suite(invariants.INVARIANTS, lambda depth: networks.networks(max_depth=depth),
-                 invariants.violations, networks.shrink, 6)
+def make_suite(name: str, grouped: bool = False, families: Sequence[str] = ()) -> Suite:
+    """The suite called `name` (see SUITES), drawing from its `families`
+    (tools/property/families.py; all when empty)."""
+    combined = families_lib.combine(name, grouped, families)
+    return Suite(combined.invariants, combined.strategy, combined.violations, combined.shrink,
+                 4 if name == "converter" else 6)
 
 
 class _Tally(object):
     """Counts per invariant and the smallest violating network of each."""
 
-    def __init__(self, names=invariants.INVARIANTS):
+    def __init__(self, names):
         self.examples = 0
         self.failing_examples = 0
+        self.kinds = {}  # example type name -> examples
         self.counts = {name: 0 for name in names}
         self.smallest = {}  # name -> (network, message)
 
     def merge(self, other: "_Tally") -> None:
         self.examples += other.examples
         self.failing_examples += other.failing_examples
+        for kind, count in other.kinds.items():
+            self.kinds[kind] = self.kinds.get(kind, 0) + count
         for name, count in other.counts.items():
             self.counts[name] += count
         for name, (net, message) in other.smallest.items():
@@ -133,6 +119,8 @@ class _Tally(object):
 
     def record(self, net, violated) -> None:
         self.examples += 1
+        kind = type(net).__name__
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
         if violated:
             self.failing_examples += 1
         for name, message in violated.items():
@@ -146,21 +134,21 @@ def _worker(args) -> _Tally:
     tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     logging.set_verbosity(logging.ERROR)
-    *args, suite_name, grouped, recurrent, log = args
-    return run(*args, suite=make_suite(suite_name, grouped, recurrent), violations_log=log)
+    *args, suite_name, grouped, families, log = args
+    return run(*args, suite=make_suite(suite_name, grouped, families), violations_log=log)
 
 
 def run_parallel(workers: int, num_examples: int, seed: int, max_depth: int,
                  progress_every: int, time_limit_s: float, suite_name: str = "rewrite",
                  grouped: bool = False, violations_log: str = None,
-                 recurrent: bool = False) -> _Tally:
+                 families: Sequence[str] = ()) -> _Tally:
     """`run` split over `workers` processes with seeds seed * 1000 + i."""
     counts = [num_examples // workers + (i < num_examples % workers)
               for i in range(workers)]
     jobs = [(n, seed * 1000 + i, max_depth, progress_every, time_limit_s, f"worker {i}: ",
-             suite_name, grouped, recurrent, violations_log)
+             suite_name, grouped, tuple(families), violations_log)
             for i, n in enumerate(counts) if n]
-    tally = _Tally(make_suite(suite_name, grouped, recurrent).invariants)
+    tally = _Tally(make_suite(suite_name, grouped, families).invariants)
     with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
         for part in pool.map(_worker, jobs):
             tally.merge(part)
@@ -208,19 +196,22 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)
     tf.get_logger().setLevel("ERROR")
     start = time.time()
-    suite = make_suite(FLAGS.suite, FLAGS.grouped, FLAGS.recurrent)
+    families = ["recurrent"] if FLAGS.recurrent else FLAGS.families
+    suite = make_suite(FLAGS.suite, FLAGS.grouped, families)
     max_depth = FLAGS.max_depth or suite.max_depth
     if FLAGS.workers > 1:
         tally = run_parallel(FLAGS.workers, FLAGS.examples, FLAGS.seed, max_depth,
                              FLAGS.progress_every, FLAGS.time_limit_s, FLAGS.suite,
-                             FLAGS.grouped, FLAGS.violations_log, FLAGS.recurrent)
+                             FLAGS.grouped, FLAGS.violations_log, families)
     else:
         tally = run(FLAGS.examples, FLAGS.seed, max_depth, FLAGS.progress_every,
                     FLAGS.time_limit_s, suite=suite, violations_log=FLAGS.violations_log)
     elapsed = time.time() - start
-    print(f"\n{tally.examples} examples ({FLAGS.suite} suite, seed {FLAGS.seed}, "
+    print(f"\n{tally.examples} examples ({FLAGS.suite} suite"
+          f"{', families ' + ','.join(FLAGS.families) if FLAGS.families else ''}, seed {FLAGS.seed}, "
           f"{FLAGS.workers} worker(s)) in {elapsed:.0f} s; "
-          f"{tally.failing_examples} violate at least one invariant")
+          f"{tally.failing_examples} violate at least one invariant; by kind: "
+          + ", ".join(f"{k} {n}" for k, n in sorted(tally.kinds.items())))
     print(f"{'invariant':24s} violations")
     for name in suite.invariants:
         print(f"{name:24s} {tally.counts[name]}")

@@ -146,16 +146,17 @@ def _eval_kernel_violations(sess: tf.compat.v1.Session) -> Optional[str]:
     return _describe(kernel_checks.violations(requirements, values))
 
 
-def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0, found=None
-                 ) -> tf.compat.v1.Session:
+def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0, found=None,
+                 hooks=None) -> tf.compat.v1.Session:
     """The eval graph, rewritten and restored with a plain Saver (strict).
 
-    `found`, a dict, gets what the eval graph quantizes (`ranges`).
+    `found`, a dict, gets what the eval graph quantizes (`ranges`); `hooks`
+    build what a generator family adds (`converter_networks.build`).
     """
     if isinstance(net, sequences.SeqNet):  # The export graph: the placeholder, no loss.
         built = sequences.build(net, training=False, seed=seed, export=True, batch=None)
     else:
-        built = networks.build(net, training=False, seed=seed)
+        built = networks.build(net, training=False, seed=seed, hooks=hooks)
     graph = built.graph
     with graph.as_default():
         qat.experimental_create_eval_graph(graph, symmetric_weights=True)
@@ -208,30 +209,57 @@ def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[
     """
     results: Dict[str, Optional[str]] = {name: None for name in INVARIANTS}
     workdir = tempfile.mkdtemp(prefix="qat_converter_property_")
-    stage = "training"
-    sess = None
+    stage = ["training"]
     try:
         checkpoint = os.path.join(workdir, "model")
         training, kernel_violations = train(net, checkpoint, seed)
         _record(results, "kernel_preconditions", "training graph", kernel_violations)
-        stage = "eval graph"
+        check_export(net, checkpoint, training, results, seed, stage=stage)
+    except Exception as e:  # pylint: disable=broad-except
+        record_failure(results, stage[0], e)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def record_failure(results: Dict[str, Optional[str]], stage: str, e: Exception) -> None:
+    """`pipeline_succeeds`: what raised, at which stage (first and last lines)."""
+    lines = str(e).strip().splitlines() or [""]
+    text = lines[0] + (f" ... {lines[-1]}" if len(lines) > 1 else "")
+    results["pipeline_succeeds"] = f"{stage}: {type(e).__name__}: {text}"[:600]
+
+
+def check_export(net: "networks.ConvNet", checkpoint: str, training: dict,
+                 results: Dict[str, Optional[str]], seed: int = 0, hooks=None,
+                 stage: Optional[list] = None) -> None:
+    """Every invariant after training: the eval graph (built with `hooks`)
+    restored strictly from `checkpoint`, frozen, converted to both flavours
+    and checked; `training` is what the training graph quantizes (`ranges`).
+
+    `results` gets the violations; `stage[0]` says what runs (for a failure's
+    message). Raises what the pipeline raises.
+    """
+    stage = stage if stage is not None else [""]
+    sess = None
+    try:
+        stage[0] = "eval graph"
         eval_ranges = {}
         try:
-            sess = restore_eval(net, checkpoint, seed, found=eval_ranges)
+            sess = restore_eval(net, checkpoint, seed, found=eval_ranges, hooks=hooks)
         except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
             results["strict_restore"] = str(e).splitlines()[0][:400]
-            return results
+            return
         finally:
             _compare(results, training, eval_ranges)
         _record(results, "kernel_preconditions", "eval graph", _eval_kernel_violations(sess))
-        stage = "freeze"
+        stage[0] = "freeze"
         frozen = export.freeze_session(sess, ["output"])
         for flavour in FLAVOURS:
-            stage = f"{flavour} conversion"
+            stage[0] = f"{flavour} conversion"
             model = export.convert_frozen_graph(
                 frozen, ["input"], ["output"], flavour,
                 input_ranges={"input": _family(net).input_range(net)})
-            stage = f"{flavour} checks"
+            stage[0] = f"{flavour} checks"
             try:
                 export.check_runnable(model, frozen, label=flavour)
             except export.ConversionError as e:
@@ -246,15 +274,9 @@ def check_network(net: "networks.ConvNet", seed: int = 0) -> Dict[str, Optional[
             _record(results, "ranges_survive", flavour,
                     "; ".join(r.describe() for r in numerics.lost_ranges[:3]) or None)
             _record(results, "layers_within_one_step", flavour, _layers(numerics))
-    except Exception as e:  # pylint: disable=broad-except
-        lines = str(e).strip().splitlines() or [""]
-        text = lines[0] + (f" ... {lines[-1]}" if len(lines) > 1 else "")
-        results["pipeline_succeeds"] = f"{stage}: {type(e).__name__}: {text}"[:600]
     finally:
         if sess is not None:
             sess.close()
-        shutil.rmtree(workdir, ignore_errors=True)
-    return results
 
 
 def _compare(results: Dict[str, Optional[str]], training: dict, eval_ranges: dict) -> None:

@@ -366,7 +366,8 @@ def _conv(x: tf.Tensor, out: int, kernel: int = 1, stride: int = 1, groups: int 
     return y
 
 
-def _block(x: tf.Tensor, b: ConvBlock, training: bool) -> tf.Tensor:
+def _block(x: tf.Tensor, b: ConvBlock, training: bool,
+           hooks: rewrite_networks.BuildHooks, index: int) -> tf.Tensor:
     if b.kind in ("conv", "depthwise", GROUPED):
         y = _conv(x, b.channels, b.kernel, b.stride, b.groups, b.kind == "depthwise",
                   bias=not b.batch_norm, offset=b.offset)
@@ -376,7 +377,8 @@ def _block(x: tf.Tensor, b: ConvBlock, training: bool) -> tf.Tensor:
                 beta_initializer=tf.compat.v1.random_normal_initializer(mean=b.offset,
                                                                         stddev=0.3),
                 gamma_initializer=tf.compat.v1.random_uniform_initializer(0.5, 1.5))
-        return rewrite_networks.activation(y, b.activation)
+        hooks.before_activation(index, y, b)
+        return hooks.after_activation(index, rewrite_networks.activation(y, b.activation))
     if b.kind == "pool":
         pool = tf.nn.avg_pool2d if b.variant == "avg" else tf.nn.max_pool2d
         return pool(x, 2, 2, "SAME")
@@ -430,8 +432,8 @@ def _layout(x: tf.Tensor, net: ConvNet) -> tf.Tensor:
     return x
 
 
-
-def build(net: ConvNet, training: bool, seed: int = 0, batch: int = 8) -> BuiltNet:
+def build(net: ConvNet, training: bool, seed: int = 0, batch: int = 8,
+          hooks: Optional[rewrite_networks.BuildHooks] = None) -> BuiltNet:
     """Builds `net` in a new graph (resource variables).
 
     The output is `tf.identity(..., name="output")`. In training mode the
@@ -439,6 +441,7 @@ def build(net: ConvNet, training: bool, seed: int = 0, batch: int = 8) -> BuiltN
     in eval mode (the graph that is converted) from the placeholder `input`
     (batch size free), with no loss.
     """
+    hooks = hooks or rewrite_networks.BuildHooks()
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.set_random_seed(seed)
@@ -447,7 +450,7 @@ def build(net: ConvNet, training: bool, seed: int = 0, batch: int = 8) -> BuiltN
             y = _pipeline(x, net)
             for i, block in enumerate(net.blocks):
                 with tf.compat.v1.variable_scope(f"block{i}"):
-                    y = _block(y, block, training)
+                    y = _block(hooks.block_input(i, y), block, training, hooks, i)
             if net.head != "none":
                 with tf.compat.v1.variable_scope("head"):
                     y = tf.reduce_mean(y, [1, 2])
@@ -461,7 +464,8 @@ def build(net: ConvNet, training: bool, seed: int = 0, batch: int = 8) -> BuiltN
                     if net.head == "softmax":
                         y = tf.nn.softmax(y)
         out = tf.identity(y, name="output")
-        loss = rewrite_networks.training_loss(out, net.loss, batch=None) if training else None
+        loss = hooks.finish(out, rewrite_networks.training_loss(out, net.loss, batch=None)
+                            if training else None)
     return BuiltNet(graph, x, out, loss)
 
 

@@ -261,6 +261,35 @@ def shrink(net: Network, still_fails, budget: int = 60) -> Network:
     return net
 
 
+class BuildHooks(object):
+    """What a generator family adds to a network while `build` builds it (nothing here).
+
+    `block_input(i, x)` at the start of block i, in its variable scope, returns
+    the tensor the block reads; `before_activation(i, y, block)` sees a
+    block's layer output (after its bias, batch norm and adds);
+    `after_activation(i, y)` returns what the block goes on with after its
+    activation; `finish(output, loss)` returns the loss (None in export graphs).
+    """
+
+    def block_input(self, index: int, x: tf.Tensor) -> tf.Tensor:
+        del index
+        return x
+
+    def before_activation(self, index: int, y: tf.Tensor, block) -> None:
+        del index, y, block
+
+    def after_activation(self, index: int, y: tf.Tensor) -> tf.Tensor:
+        del index
+        return y
+
+    def finish(self, output: tf.Tensor, loss: Optional[tf.Tensor]) -> Optional[tf.Tensor]:
+        del output
+        return loss
+
+
+_NO_HOOKS = BuildHooks()
+
+
 @dataclasses.dataclass
 class Built:
     """A built network: its graph and what the checks need."""
@@ -465,14 +494,17 @@ def training_loss(out: tf.Tensor, kind: str, batch: Optional[int] = BATCH) -> tf
         return tf.compat.v1.losses.hinge_loss(one_hot, logits)
 
 
-def build(net: Network, training: bool, seed: int = 0, export: bool = False) -> Built:
+def build(net: Network, training: bool, seed: int = 0, export: bool = False,
+          hooks: Optional[BuildHooks] = None) -> Built:
     """Builds `net` in a new graph; `training` sets the batch norms' mode.
 
     The output is `tf.identity(..., name="output")`, the input the fed batch
     (`net.feed`; before `net.pipeline`). Training and eval graphs compute
     `net.loss` from the output (`loss/`); the export graph (`export`: an eval
-    graph) has a placeholder feed and no loss.
+    graph) has a placeholder feed and no loss. `hooks` add what a generator
+    family builds around the model (`BuildHooks`).
     """
+    hooks = hooks or _NO_HOOKS
     g = tf.Graph()
     kernels = []
     with g.as_default():
@@ -484,7 +516,8 @@ def build(net: Network, training: bool, seed: int = 0, export: bool = False) -> 
             net_in = x
             for i, block in enumerate(net.blocks):
                 with tf.compat.v1.variable_scope(f"block{i}"):
-                    x = _block(x, net_in, block, training, kernels)
+                    x = _block(hooks.block_input(i, x), net_in, block, training, kernels,
+                               hooks, i)
             if net.head != "none" and net.head_in_scope:
                 with tf.compat.v1.variable_scope("head"):
                     x = _head(x, net, training, kernels)
@@ -492,12 +525,12 @@ def build(net: Network, training: bool, seed: int = 0, export: bool = False) -> 
             with tf.compat.v1.variable_scope("head", use_resource=net.resource):
                 x = _head(x, net, training, kernels)
         out = tf.identity(x, name="output")
-        loss = None if export else training_loss(out, net.loss)
+        loss = hooks.finish(out, None if export else training_loss(out, net.loss))
     return Built(g, fed, out, kernels, loss)
 
 
 def _block(x: tf.Tensor, net_in: tf.Tensor, block: Block, training: bool,
-           kernels: list) -> tf.Tensor:
+           kernels: list, hooks: BuildHooks = _NO_HOOKS, index: int = 0) -> tf.Tensor:
     block_in = x
     y = _layer(_dropout(x, block.dropout, training), block, kernels)
     if block.batch_norm != "none":
@@ -506,7 +539,8 @@ def _block(x: tf.Tensor, net_in: tf.Tensor, block: Block, training: bool,
         y = y + block.offset
     if block.residual == "pre":
         y = y + block_in
-    y = activation(y, block.activation)
+    hooks.before_activation(index, y, block)
+    y = hooks.after_activation(index, activation(y, block.activation))
     if block.residual == "post":
         y = y + block_in
     if block.concat == "block_input":

@@ -36,6 +36,7 @@ DROPOUTS = ("none", "nn")
 FEEDS = rewrite_networks.FEEDS
 LOSSES = rewrite_networks.LOSSES
 STEPS, FEATURES, BATCH, CLASSES = 3, 4, 4, 3
+MAX_DEPTH = 2  # Recurrent layers stacked, at most (each is a whole sequence).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +90,7 @@ def is_valid(net: SeqNet) -> bool:
 
 
 @st.composite
-def sequence_networks(draw, max_depth: int = 2) -> SeqNet:
+def sequence_networks(draw, max_depth: int = MAX_DEPTH) -> SeqNet:
     """Hypothesis strategy: valid random recurrent networks of 1..max_depth blocks."""
     depth = draw(st.integers(1, max_depth))
     blocks = []

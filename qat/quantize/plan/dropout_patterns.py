@@ -25,7 +25,9 @@ tensor that op reads in place of its output.
 """
 from typing import Dict, Optional
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import tensor_util
 
 from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
 from qat.quantize.plan import op_table
@@ -103,8 +105,41 @@ def _single_reader(t: tf.Tensor) -> Optional[tf.Operation]:
     return readers[0] if len(readers) == 1 else None
 
 
-def _mask_multiply(op: tf.Operation) -> Optional[tf.Tensor]:
-    """The x of `x * mask` at `op`, else None."""
+def _keep(match) -> Optional[tf.Tensor]:
+    """The mask's threshold: `keep` of floor(keep + random), of random < keep."""
+    core = match.get_op("mask_core")
+    operands = core.inputs
+    if core.type == "Floor":
+        add = core.inputs[0].op
+        if add.type not in ("Add", "AddV2") or len(add.inputs) != 2:
+            return None
+        operands = add.inputs
+    fixed = [t for t in operands if not _depends_on_random(t)]
+    return fixed[0] if len(fixed) == 1 else None
+
+
+def _scales_by_keep(scale: tf.Tensor, keep: Optional[tf.Tensor]) -> bool:
+    """Whether `scale` is the mask's keep probability or its inverse: the
+    threshold itself or computed from it (NASNet-A's scheduled keep, a keep
+    placeholder), or a constant of keep, 1 / keep, 1 - keep (a drop rate's
+    threshold) or its inverse. A scale of another value (hard-swish's 1/6
+    before a drop path) is not the dropout's."""
+    if keep is None:
+        return False
+    if scale is keep or _reads(scale, keep):
+        return True
+    a, b = tensor_util.constant_value(scale), tensor_util.constant_value(keep)
+    if a is None or b is None or np.size(a) != 1 or np.size(b) != 1:
+        return False
+    a, b = float(np.reshape(a, [])), float(np.reshape(b, []))
+    candidates = [b, 1.0 - b]
+    candidates += [1.0 / k for k in candidates if k]
+    return any(abs(a - k) <= 1e-6 * max(1.0, abs(k)) for k in candidates)
+
+
+def _mask_multiply(op: tf.Operation):
+    """(the x of `x * mask` at `op`, whether the mask is scaled, the mask's
+    keep threshold), else None."""
     match = _MASK_MATCHER.match_op(op)
     if match is None:
         return None
@@ -113,26 +148,34 @@ def _mask_multiply(op: tf.Operation) -> Optional[tf.Tensor]:
         return None
     if _reads(match.get_tensor("mask"), x):
         return None
+    keep = _keep(match)
     scale = match.get_tensor("mask_scale")
-    if scale is not None and not _is_scale(scale, x):
+    if scale is not None and not (_is_scale(scale, x) and _scales_by_keep(scale, keep)):
         return None
-    return x
+    return x, scale is not None, keep
 
 
-def _scale_multiply(op: tf.Operation) -> Optional[tf.Tensor]:
-    """The x of `x * scale` or `x / scale` at `op`, else None."""
+def _scale_multiply(op: tf.Operation, keep: Optional[tf.Tensor] = None) -> Optional[tf.Tensor]:
+    """The x of `x * scale` or `x / scale` at `op` (a scale by `keep`, if given), else None."""
     if op.type not in SCALE_MULTIPLY_TYPES or len(op.inputs) != 2:
         return None
     a, b = op.inputs
-    if _is_scale(b, a):
+    by_keep = lambda t: keep is None or _scales_by_keep(t, keep)
+    if _is_scale(b, a) and by_keep(b):
         return a
-    if op.type == "Mul" and _is_scale(a, b):
+    if op.type == "Mul" and _is_scale(a, b) and by_keep(a):
         return b
     return None
 
 
 def _drop_path_ops(op: tf.Operation) -> Optional[Dict[tf.Operation, tf.Tensor]]:
-    """The mask multiply `op` is or is next to, with its scale multiply."""
+    """The mask multiply `op` is or is next to, with its scale multiply.
+
+    The scale multiply, before or after the mask multiply, is the dropout's
+    only where the mask is not scaled already and it scales by the mask's
+    keep probability (`_scales_by_keep`): an activation's own constant
+    multiply before a drop path (hard-swish's 1/6) stays the model's.
+    """
     if op.type not in SCALE_MULTIPLY_TYPES:
         return None
     candidates = [op, _single_reader(op.outputs[0])]
@@ -140,14 +183,17 @@ def _drop_path_ops(op: tf.Operation) -> Optional[Dict[tf.Operation, tf.Tensor]]:
     for mul in candidates:
         if mul is None or mul.type != "Mul":
             continue
-        x = _mask_multiply(mul)
-        if x is None:
+        found_mask = _mask_multiply(mul)
+        if found_mask is None:
             continue
+        x, scaled, keep = found_mask
         found = {mul: x}
         after = _single_reader(mul.outputs[0])
-        if _single_reader(x) is mul and _scale_multiply(x.op) is not None:
-            found[x.op] = _scale_multiply(x.op)  # x / keep * mask.
-        elif after is not None and _scale_multiply(after) is mul.outputs[0]:
+        if scaled:
+            pass  # A scaled mask is the whole dropout.
+        elif _single_reader(x) is mul and _scale_multiply(x.op, keep) is not None:
+            found[x.op] = _scale_multiply(x.op, keep)  # x / keep * mask.
+        elif after is not None and _scale_multiply(after, keep) is mul.outputs[0]:
             found[after] = mul.outputs[0]  # x * mask / keep.
         if op in found:
             return found

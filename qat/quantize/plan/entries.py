@@ -67,11 +67,16 @@ class EntryPlanning(object):
         return plan_graph.own_context(min(readers, key=lambda o: o._id))  # pylint: disable=protected-access
 
     def final_readers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
-        """Readers of `t`, through ops TFLite drops (Identity, dropout)."""
+        """Readers of `t`, through ops TFLite drops (Identity, dropout).
+
+        Observers (summaries, prints, asserts, metrics) are not readers: the
+        converted model has none, so they neither unfuse an activation from
+        the op before it nor make a tensor shared.
+        """
         found, stack, seen = [], [t], set()
         while stack:
             for c in self.readers(stack.pop(), exclude):
-                if c in seen:
+                if c in seen or c in self.observers:
                     continue
                 seen.add(c)
                 if c in self.looked_through:

@@ -49,9 +49,38 @@ SINK_TYPES = frozenset([
 PASS_THROUGH_TYPES = frozenset(["Print", "CheckNumerics", "CheckNumericsV2"])
 
 
+# Functional conditionals: TF 2's control flow builds an assert's guard as one
+# (`tf.debugging.assert_*` with control flow v2: AssertGuard).
+_CONDITIONAL_TYPES = frozenset(["If", "StatelessIf"])
+# What else a guard's branches may hold besides sinks.
+_INERT_TYPES = frozenset(["NoOp", "Identity", "Const", "Placeholder"])
+
+
+def _branches_only_observe(op: tf.Operation) -> bool:
+    """Whether every branch of the conditional `op` holds only sinks and
+    inert ops, and nothing reads its outputs' values (but for an Identity
+    nothing reads: the guard's own output)."""
+    if any(c.type != "Identity" or any(o.consumers() for o in c.outputs)
+           for out in op.outputs for c in out.consumers()):
+        return False
+    for attr in ("then_branch", "else_branch"):
+        try:
+            name = op.get_attr(attr).name
+        except ValueError:
+            return False
+        function = op.graph._get_function(name)  # pylint: disable=protected-access
+        if function is None:
+            return False
+        if any(node.op not in SINK_TYPES and node.op not in _INERT_TYPES
+               for node in function.definition.node_def):
+            return False
+    return True
+
+
 def is_sink(op: tf.Operation) -> bool:
-    """An observation sink or a variable update."""
-    return op.type in SINK_TYPES or qp.is_state_update(op)
+    """An observation sink (an assert's guard too) or a variable update."""
+    return (op.type in SINK_TYPES or qp.is_state_update(op)
+            or (op.type in _CONDITIONAL_TYPES and _branches_only_observe(op)))
 
 
 def is_check(op: tf.Operation) -> bool:

@@ -74,7 +74,7 @@ FUSABLE_ACTIVATION_TYPES = frozenset(["Relu", "Relu6"])
 ACTIVATION_TYPES = frozenset(["Relu", "Relu6", "LeakyRelu"])
 
 # Producers TFLite fuses a RELU / RELU6 into (besides layers).
-FUSING_TYPES = frozenset(["Add", "AddV2", "Sub", "BiasAdd"])
+FUSING_TYPES = frozenset(["Add", "AddV2", "Sub", "Mul", "BiasAdd"])
 
 FIXED_RANGE_TYPES = frozenset(["Sigmoid", "Tanh", "Softmax", "LogSoftmax"])
 

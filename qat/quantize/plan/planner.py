@@ -51,6 +51,7 @@ import tensorflow as tf
 
 from qat.engine import marks
 from qat.matching import standalone_batch_norms
+from qat.matching import tensors
 from qat.quantize.plan import boundary
 from qat.quantize.plan import control_flow
 from qat.quantize.plan import embeddings as plan_embeddings
@@ -162,6 +163,9 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         # Ops visited before their inputs had ranges (`_revisit_deferred`).
         self._deferred: List[tf.Operation] = []
         self._named_last: List[Tuple[Plan, str]] = []  # (plan, name), `_plan(shares=...)`
+        # (context, op type, inputs, output index) -> plans owning a range there
+        # (`_identical_in_context`).
+        self._computed: Dict[tuple, List[Plan]] = {}
         self._same_scale_ops: Dict[tf.Operation, bool] = {}
         # The steps of recurrent layers (`qat.quantize.plan.recurrences`).
         self.steps = recurrences.Steps()
@@ -204,13 +208,41 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
             return False
         if not consumers and not allow_unused:
             return False
+        key = (ctx, t.op.type, tuple(t.op.inputs), t.value_index)
+        if shares is None and not is_weight:
+            shares = self._identical_in_context(t, key)
         base = plan_graph.join(ctx, kind)
         plan = Plan(t, "" if shares is not None else self._unique_prefix(base), is_weight,
                     init_min, consumers, per_channel, shared=shares)
         if shares is not None:
             self._named_last.append((plan, base))
+        elif not is_weight:
+            self._computed.setdefault(key, []).append(plan)
         self.plans[t] = plan
         return True
+
+    def _identical_in_context(self, t: tf.Tensor, key: tuple) -> Optional[Plan]:
+        """The range of an op identical to t's (one type, inputs and attributes)
+        in the same context, planned before it, if any.
+
+        Such ops compute one value, and their ranges are named in one context:
+        the later one reads the earlier one's range, in training and eval
+        graphs alike, and takes no number there (`_plan(shares=...)`). Were it
+        numbered, a reader only the training graph has, made before the
+        model's identical op in the model's scope (an auxiliary head's ReLU of
+        a cell output the next cell's ReLU reads), would shift the numbers of
+        every later range of that scope, and the eval graph would restore
+        another tensor's range under each of those names. Identical ops in
+        different contexts each keep their numbered name
+        (`shared_ranges.share_identical_outputs`).
+        """
+        if t.op.type in shared_ranges.CONCAT_TYPES:
+            return None  # A concatenation's group is planned apart.
+        for plan in self._computed.get(key, ()):
+            if (plan.shared is None and plan.fixed is None and not plan.members
+                    and tensors.same_computation(plan.tensor.op, t.op)):
+                return plan
+        return None
 
     def visit(self, op: tf.Operation) -> None:
         if (op in self.tail_ops and op not in self.tails) or op in self.fused \
