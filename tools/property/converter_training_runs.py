@@ -37,20 +37,9 @@ _LAYER_KINDS = ("conv", "depthwise", networks.GROUPED)
 
 
 @dataclasses.dataclass(frozen=True)
-class ConverterTrainingRun:
-    """A network, how it is trained, and what its training graph has besides it."""
+class ConverterTrainingRun(rewrite_training_runs.TrainingRun):
+    """A converter-suite network, how it is trained, and what its training graph has besides it."""
     net: networks.ConvNet
-    regime: training_loop.Regime = training_loop.Regime()
-    branches: branches_lib.Branches = branches_lib.Branches()
-
-    def size(self) -> int:
-        """A measure to pick the smallest of several failing runs."""
-        return self.net.size() + self.regime.size() + self.branches.size()
-
-    def describe(self) -> str:
-        """The network's lines, then the training's."""
-        return (f"{self.net.describe()}\n  trained: {self.regime.describe()}\n"
-                f"  besides the model: {self.branches.describe()}")
 
 
 def _activations(net: networks.ConvNet):
@@ -67,18 +56,12 @@ def training_runs(draw, max_depth: int = 4, grouped: bool = False) -> ConverterT
 
 def is_valid(run: ConverterTrainingRun) -> bool:
     """True if `training_runs()` can draw `run`."""
-    return (networks.is_valid(run.net) and training_loop.is_valid(run.regime)
-            and branches_lib.is_valid(run.branches, len(run.net.blocks), _activations(run.net)))
+    return rewrite_training_runs.is_valid(run, networks.is_valid, _activations)
 
 
 def simpler(run: ConverterTrainingRun) -> Iterator[ConverterTrainingRun]:
     """Runs one step simpler than `run` (for shrinking; maybe invalid)."""
-    for b in branches_lib.simpler(run.branches):
-        yield dataclasses.replace(run, branches=b)
-    for r in training_loop.simpler(run.regime):
-        yield dataclasses.replace(run, regime=r)
-    for n in networks.simpler(run.net):
-        yield dataclasses.replace(run, net=n)
+    return rewrite_training_runs.simpler(run, networks.simpler)
 
 
 def shrink(run: ConverterTrainingRun, still_fails, budget: int = 40) -> ConverterTrainingRun:

@@ -54,19 +54,22 @@ def _activations(net: networks.Network):
     return [b.activation for b in net.blocks]
 
 
-def is_valid(run: TrainingRun) -> bool:
-    """True if `training_runs()` can draw `run`."""
-    return (networks.is_valid(run.net) and training_loop.is_valid(run.regime)
-            and branches_lib.is_valid(run.branches, len(run.net.blocks), _activations(run.net)))
+def is_valid(run: TrainingRun, net_is_valid: Callable = networks.is_valid,
+             activations: Callable = _activations) -> bool:
+    """True if `training_runs()` can draw `run` (the converter suite's runs:
+    with its networks' `net_is_valid` and `activations`)."""
+    return (net_is_valid(run.net) and training_loop.is_valid(run.regime)
+            and branches_lib.is_valid(run.branches, len(run.net.blocks), activations(run.net)))
 
 
-def simpler(run: TrainingRun) -> Iterator[TrainingRun]:
-    """Runs one step simpler than `run` (for shrinking; maybe invalid)."""
+def simpler(run: TrainingRun, net_simpler: Callable = networks.simpler) -> Iterator[TrainingRun]:
+    """Runs one step simpler than `run` (for shrinking; maybe invalid); the
+    network one step simpler by `net_simpler`."""
     for b in branches_lib.simpler(run.branches):
         yield dataclasses.replace(run, branches=b)
     for r in training_loop.simpler(run.regime):
         yield dataclasses.replace(run, regime=r)
-    for n in networks.simpler(run.net):
+    for n in net_simpler(run.net):
         yield dataclasses.replace(run, net=n)
 
 
