@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from qat.export import kernel_checks
 from tools.property import converter_invariants
 from tools.property import converter_networks as networks
+from tools.property import shrinking
 from tools.property import training_branches as branches_lib
 from tools.property import training_invariants as checks
 from tools.property import training_loop
@@ -66,7 +67,7 @@ def simpler(run: ConverterTrainingRun) -> Iterator[ConverterTrainingRun]:
 
 def shrink(run: ConverterTrainingRun, still_fails, budget: int = 40) -> ConverterTrainingRun:
     """Greedily simplifies `run` while `still_fails(candidate)` holds."""
-    return rewrite_training_runs.greedy_shrink(run, simpler, is_valid, still_fails, budget)
+    return shrinking.greedy(run, simpler, is_valid, still_fails, budget)
 
 
 def build(run: ConverterTrainingRun, mode: str, seed: int = 0, branches_on: bool = True,

@@ -39,6 +39,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from hypothesis import strategies as st  # pylint: disable=g-import-not-at-top
+from tools.property import shrinking  # pylint: disable=g-import-not-at-top
 
 LAYERS_4D = ("conv", "depthwise", "atrous", "dense")
 ACTIVATIONS = ("relu", "relu6", "leaky_relu", "hard_swish", "swish", "sigmoid", "tanh", "gelu",
@@ -246,19 +247,7 @@ def shrink(net: Network, still_fails, budget: int = 60) -> Network:
     Returns:
       The simplest failing network found.
     """
-    improved = True
-    while improved and budget > 0:
-        improved = False
-        for candidate in simpler(net):
-            if not is_valid(candidate):
-                continue
-            budget -= 1
-            if still_fails(candidate):
-                net, improved = candidate, True
-                break
-            if budget <= 0:
-                break
-    return net
+    return shrinking.greedy(net, simpler, is_valid, still_fails, budget)
 
 
 class BuildHooks(object):

@@ -27,6 +27,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from hypothesis import strategies as st  # pylint: disable=g-import-not-at-top
 
 from tools.property import networks as rewrite_networks  # pylint: disable=g-import-not-at-top
+from tools.property import shrinking  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 CELLS = ("lstm", "basic_lstm", "gru", "rnn", "multi")
@@ -136,19 +137,7 @@ def simpler(net: SeqNet):
 
 def shrink(net: SeqNet, still_fails, budget: int = 40) -> SeqNet:
     """Greedily simplifies `net` while `still_fails(candidate)` holds."""
-    improved = True
-    while improved and budget > 0:
-        improved = False
-        for candidate in simpler(net):
-            if not is_valid(candidate):
-                continue
-            budget -= 1
-            if still_fails(candidate):
-                net, improved = candidate, True
-                break
-            if budget <= 0:
-                break
-    return net
+    return shrinking.greedy(net, simpler, is_valid, still_fails, budget)
 
 
 @dataclasses.dataclass

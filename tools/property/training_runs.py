@@ -17,6 +17,7 @@ from typing import Callable, Dict, Iterator, Optional
 from hypothesis import strategies as st
 
 from tools.property import networks
+from tools.property import shrinking
 from tools.property import training_branches as branches_lib
 from tools.property import training_invariants as checks
 from tools.property import training_loop
@@ -73,28 +74,9 @@ def simpler(run: TrainingRun, net_simpler: Callable = networks.simpler) -> Itera
         yield dataclasses.replace(run, net=n)
 
 
-def greedy_shrink(item, simpler_fn: Callable, valid: Callable, still_fails: Callable,
-                  budget: int = 40):
-    """Greedily simplifies `item` (by `simpler_fn`, keeping `valid` ones) while
-    `still_fails(candidate)` holds, trying at most `budget` candidates."""
-    improved = True
-    while improved and budget > 0:
-        improved = False
-        for candidate in simpler_fn(item):
-            if not valid(candidate):
-                continue
-            budget -= 1
-            if still_fails(candidate):
-                item, improved = candidate, True
-                break
-            if budget <= 0:
-                break
-    return item
-
-
 def shrink(run: TrainingRun, still_fails, budget: int = 40) -> TrainingRun:
     """Greedily simplifies `run` while `still_fails(candidate)` holds."""
-    return greedy_shrink(run, simpler, is_valid, still_fails, budget)
+    return shrinking.greedy(run, simpler, is_valid, still_fails, budget)
 
 
 def build(run: TrainingRun, mode: str, seed: int = 0, branches_on: bool = True,
