@@ -246,7 +246,7 @@ class ImportLayoutTest(absltest.TestCase):
         self.assertEqual(cycles(made_up), [["qat.fold.y", "qat.prepare.x"]])
         self.assertIsNone(room_of("qat.quantize.new_module"))
         self.assertIsNone(room_of("qat.stray"))
-        self.assertEqual(room_of("qat.quantize.plan.rules"), "plan")
+        self.assertEqual(room_of("qat.quantize.plan.ranges.rules"), "plan")
         self.assertEqual(room_of("qat.quantize"), "plan")
 
     def test_old_paths_give_the_moved_modules(self):
@@ -255,7 +255,7 @@ class ImportLayoutTest(absltest.TestCase):
         import warnings  # pylint: disable=g-import-not-at-top
         old_paths = {"qat.compat_hparams": "qat.compat.hparams",
                      "qat.compat_tf1": "qat.compat.tf1",
-                     "qat.quantize.control_flow": "qat.quantize.plan.control_flow"}
+                     "qat.quantize.control_flow": "qat.quantize.plan.model.control_flow"}
         for old, new in old_paths.items():
             sys.modules.pop(old, None)
             with warnings.catch_warnings(record=True) as caught:

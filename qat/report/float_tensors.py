@@ -23,9 +23,9 @@ from typing import List, Optional, Sequence, Set
 import tensorflow as tf
 
 from qat.matching import layer_patterns
-from qat.quantize.plan import activation_patterns
-from qat.quantize.plan import lookups
-from qat.quantize.plan import patterns as quantize_patterns
+from qat.quantize.plan.ops import activation_patterns
+from qat.quantize.plan.model import lookups
+from qat.quantize.plan.ops import patterns as quantize_patterns
 from qat.quantize.plan import planner as quantize_plan
 from qat.tflite import graph_structure as structure
 

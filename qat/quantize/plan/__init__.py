@@ -23,8 +23,8 @@
   control_flow       -> layers inside functional control flow, named
   replication        -> the hook `qat.distribute` fills (replicas share ranges)
 """
-from qat.quantize.plan.graph import existing_quantizer
-from qat.quantize.plan.graph import is_quantized_output
+from qat.quantize.plan.model.graph import existing_quantizer
+from qat.quantize.plan.model.graph import is_quantized_output
 from qat.quantize.plan.planner import Plan
 from qat.quantize.plan.planner import PlannedGraph
 from qat.quantize.plan.planner import Planner

@@ -2,7 +2,7 @@
 
 The plan is tensor-centric. `Planner` visits the data path in graph order and
 decides for every float tensor, from the op that produces it and the ops
-that read it (`qat.quantize.plan.op_table`, TFLite's integer op requirements),
+that read it (`qat.quantize.plan.ops.op_table`, TFLite's integer op requirements),
 whether it needs a range. A tensor gets at most one quantizer, at its
 producer, and every consumer reads the quantized value: never a raw path
 beside a quantized one.
@@ -11,7 +11,7 @@ beside a quantized one.
   weights (`<ctx>/weights_quant`), their data input, and their output after
   the tail (bias add, folded batch norm): `<ctx>/act_quant`, or
   `<ctx>/conv_quant` when a residual add reads it. A RELU / RELU6 (or a
-  `tf.maximum(x, 0)`, `qat.quantize.plan.clamps`) that is the sole reader of a
+  `tf.maximum(x, 0)`, `qat.quantize.plan.ops.clamps`) that is the sole reader of a
   layer, ADD or SUB output is fused by TFLite: the range goes after it
   instead (`<ctx>/act_quant`).
 * OWN_RANGE ops (ADD, MUL, MEAN, CONCATENATION, LEAKY_RELU, an unfused RELU,
@@ -19,23 +19,23 @@ beside a quantized one.
   `<op scope>/<kind>` (`add_quant`, `mul_quant`, `mean_quant`, ...;
   `post_activation_bypass_quant` for an add reading an activation).
 * Activations written as several ops (hard-swish, GELU;
-  `qat.quantize.plan.activation_patterns`): their output only (`act_quant`), so
+  `qat.quantize.plan.ops.activation_patterns`): their output only (`act_quant`), so
   the converter makes each one integer HARD_SWISH / GELU op.
 * Same-scale ops (pools, reshapes, pads, ...) and training-only dropout get
   no range of their own; fixed-range ops (LOGISTIC, TANH, SOFTMAX) a constant
   one, their kernel's grid, where the model reads them
-  (`qat.quantize.plan.fixed_ranges`).
+  (`qat.quantize.plan.ranges.fixed_ranges`).
 * A tensor an integer op reads that has no range yet (a model source, found
-  by structure whatever feeds it: `qat.quantize.plan.feeds`; a tensor from
+  by structure whatever feeds it: `qat.quantize.plan.model.feeds`; a tensor from
   outside `scope`): `<scope of its first model reader>/input_quant` (what
   feeds the model differs between its training and export graphs).
-* Nothing outside the model (`qat.quantize.plan.boundary`, decided once):
+* Nothing outside the model (`qat.quantize.plan.model.boundary`, decided once):
   loss arithmetic gets no range and no warning; arithmetic after the
   model's last range that something else reads is named in `left_float`.
 * Batch norms after no layer: `qat.quantize.emit.standalone_batch_norm`.
 * A concatenation and its inputs share one range; average pools and
   bilinear resizes round to their input's range:
-  `qat.quantize.plan.shared_ranges`.
+  `qat.quantize.plan.ranges.shared_ranges`.
 
 Names derive from the producing op (for a tensor entering the model, from
 the model op that reads it), never from what only one of the graphs has:
@@ -52,23 +52,23 @@ import tensorflow as tf
 from qat.engine import marks
 from qat.matching import standalone_batch_norms
 from qat.matching import tensors
-from qat.quantize.plan import boundary
-from qat.quantize.plan import control_flow
-from qat.quantize.plan import embeddings as plan_embeddings
-from qat.quantize.plan import entries
-from qat.quantize.plan import fixed_ranges
-from qat.quantize.plan import graph as plan_graph
-from qat.quantize.plan import kernel_requirements
-from qat.quantize.plan import op_table
-from qat.quantize.plan import patterns as qp
-from qat.quantize.plan import recurrences
+from qat.quantize.plan.model import boundary
+from qat.quantize.plan.model import control_flow
+from qat.quantize.plan.ranges import embeddings as plan_embeddings
+from qat.quantize.plan.ranges import entries
+from qat.quantize.plan.ranges import fixed_ranges
+from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.kernels import kernel_requirements
+from qat.quantize.plan.ops import op_table
+from qat.quantize.plan.ops import patterns as qp
+from qat.quantize.plan.model import recurrences
 from qat.quantize.plan import replication as replication_lib
-from qat.quantize.plan import rules
-from qat.quantize.plan import shared_ranges
-from qat.quantize.plan import structures as plan_structures
-from qat.quantize.plan import weights as plan_weights
-from qat.quantize.plan.graph import existing_quantizer
-from qat.quantize.plan.graph import is_quantized_output
+from qat.quantize.plan.ranges import rules
+from qat.quantize.plan.ranges import shared_ranges
+from qat.quantize.plan.ranges import structures as plan_structures
+from qat.quantize.plan.ranges import weights as plan_weights
+from qat.quantize.plan.model.graph import existing_quantizer
+from qat.quantize.plan.model.graph import is_quantized_output
 
 _is_float = plan_graph.is_float
 
@@ -94,7 +94,7 @@ class Plan:
     # Layer ops reading the same weights through another read of the same
     # resource variable: their input 1 is set to the quantized weights.
     weight_sharers: List[tf.Operation] = dataclasses.field(default_factory=list)
-    # Shared ranges (`qat.quantize.plan.shared_ranges`): the plan whose range this
+    # Shared ranges (`qat.quantize.plan.ranges.shared_ranges`): the plan whose range this
     # one reads (no variables of its own); as that plan's FakeQuant reads it,
     # or, for a member of a concatenation's group, as before the update.
     shared: Optional["Plan"] = None
@@ -107,13 +107,13 @@ class Plan:
     # Training: another replica's plan, owning the range this one moves with
     # its own replica's batch (`qat.distribute.replicas`).
     replica_of: Optional["Plan"] = None
-    # A constant range, TFLite's fixed output grid (`qat.quantize.plan.fixed_ranges`).
+    # A constant range, TFLite's fixed output grid (`qat.quantize.plan.ranges.fixed_ranges`).
     fixed: Optional[Tuple[float, float]] = None
     # TFLite kernel preconditions this range must meet, on the plan owning its
-    # variables (`qat.quantize.plan.kernel_requirements.Requirement`).
+    # variables (`qat.quantize.plan.kernels.kernel_requirements.Requirement`).
     requirements: List = dataclasses.field(default_factory=list)
     # The name scope of its variables when not `prefix`: a recurrence's range
-    # is named after its first step (`qat.quantize.plan.recurrences`).
+    # is named after its first step (`qat.quantize.plan.model.recurrences`).
     variables_prefix: Optional[str] = None
 
 
@@ -167,7 +167,7 @@ class Planner(rules.RangeRules, entries.EntryPlanning,
         # (`_identical_in_context`).
         self._computed: Dict[tuple, List[Plan]] = {}
         self._same_scale_ops: Dict[tf.Operation, bool] = {}
-        # The steps of recurrent layers (`qat.quantize.plan.recurrences`).
+        # The steps of recurrent layers (`qat.quantize.plan.model.recurrences`).
         self.steps = recurrences.Steps()
 
     # --- Helpers ------------------------------------------------------------

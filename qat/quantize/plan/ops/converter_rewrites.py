@@ -41,7 +41,7 @@ same-scale op (`is_constant_select`), whose output gets a FakeQuant reading
 x's range so the eval graph rounds c as TFLite does.
 
 Clamps by a constant written with `tf.maximum` / `tf.minimum`
-(`qat.quantize.plan.clamps`): `Maximum(x, 0)` is a RELU, fused like one; other
+(`qat.quantize.plan.ops.clamps`): `Maximum(x, 0)` is a RELU, fused like one; other
 clamps run in their input's scale (same-scale ops).
 
 Where a shape or a constant is not known statically (a dynamic spatial size,
@@ -54,7 +54,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
-from qat.quantize.plan import clamps
+from qat.quantize.plan.ops import clamps
 
 # Element-wise ops the converter removes when the constant operand is
 # neutral: op type -> (neutral value, whether the constant may be operand 0).

@@ -2,7 +2,7 @@
 
 `find_requirements(planner)` walks a planned graph and returns one
 `Requirement` per op whose TFLite kernel has a precondition in
-`qat.quantize.plan.kernel_preconditions.PRECONDITIONS`:
+`qat.quantize.plan.kernels.kernel_preconditions.PRECONDITIONS`:
 
 * HARD_SWISH (a multi-op activation of `activation_patterns`): its output
   range, relative to its input's range;
@@ -32,11 +32,11 @@ import tensorflow as tf
 
 from qat.matching import layer_patterns
 from qat.matching import tensors
-from qat.quantize.plan import activation_patterns
-from qat.quantize.plan import graph as plan_graph
-from qat.quantize.plan import kernel_preconditions as kp
-from qat.quantize.plan import layer_bias as layer_bias_lib
-from qat.quantize.plan import patterns as qp
+from qat.quantize.plan.ops import activation_patterns
+from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.kernels import kernel_preconditions as kp
+from qat.quantize.plan.kernels import layer_bias as layer_bias_lib
+from qat.quantize.plan.ops import patterns as qp
 
 # A range: a plan of this call (`qat.quantize.plan.Plan`) or a FakeQuant op.
 RangeSource = Union["object", tf.Operation]

@@ -19,12 +19,12 @@ from typing import List
 import tensorflow as tf
 
 from qat.matching import tensors
-from qat.quantize.plan import clamps
-from qat.quantize.plan import graph as plan_graph
-from qat.quantize.plan import op_table
-from qat.quantize.plan import patterns as qp
-from qat.quantize.plan import recurrences
-from qat.quantize.plan.graph import is_quantized_output
+from qat.quantize.plan.ops import clamps
+from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.ops import op_table
+from qat.quantize.plan.ops import patterns as qp
+from qat.quantize.plan.model import recurrences
+from qat.quantize.plan.model.graph import is_quantized_output
 
 _context = plan_graph.context
 _is_float = plan_graph.is_float
@@ -108,7 +108,7 @@ class RangeRules(object):
 
     def _is_input(self, t: tf.Tensor) -> bool:
         """Whether `t`'s range is planned where it is read first: a model
-        source's (`qat.quantize.plan.feeds`), or the value a `Fill` fills
+        source's (`qat.quantize.plan.model.feeds`), or the value a `Fill` fills
         with (a recurrence's zero initial state, `_filled_value`)."""
         s = self._source(t)
         return self.is_source(s) or self._is_filled(s)

@@ -15,7 +15,7 @@ alike.
 The model (`GraphView.model`) is
 
 * the layers, their tails and what computes their data inputs, from the
-  model sources on (`GraphView.model_ops`; `qat.quantize.plan.feeds`);
+  model sources on (`GraphView.model_ops`; `qat.quantize.plan.model.feeds`);
 * after the last layers, ops that carry a model tensor on as the model does
   whatever reads them (`STEP`): activations, fixed-range ops, same-scale
   ops, batch norms, reductions that keep the batch axis (a global pool),
@@ -39,7 +39,7 @@ the model's outputs where something other than the loss reads their result
 (`predictions = logits * 3 + 0.5` in an export graph): they stay float after
 the model's last range, and the planner names them in `left_float`
 (docs/known_limits.md). Observers (`GraphView.observers`,
-`qat.quantize.plan.observers`: summaries, prints, asserts, metric updates and
+`qat.quantize.plan.model.observers`: summaries, prints, asserts, metric updates and
 what only they read) are neither: no range, no `left_float` entry.
 """
 import dataclasses
@@ -52,10 +52,10 @@ from tensorflow.python.framework import tensor_util
 from qat.engine import function_graphs
 from qat.engine import marks
 from qat.matching import tensors
-from qat.quantize.plan import feeds
-from qat.quantize.plan import observers as observers_lib
-from qat.quantize.plan import op_table
-from qat.quantize.plan import patterns as qp
+from qat.quantize.plan.model import feeds
+from qat.quantize.plan.model import observers as observers_lib
+from qat.quantize.plan.ops import op_table
+from qat.quantize.plan.ops import patterns as qp
 
 STEP = "step"
 ARITHMETIC = "arithmetic"

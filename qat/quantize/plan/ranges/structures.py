@@ -1,6 +1,6 @@
 """The planner's structure recognisers and second looks (a mixin of `Planner`).
 
-* Activations written as several ops (`qat.quantize.plan.activation_patterns`:
+* Activations written as several ops (`qat.quantize.plan.ops.activation_patterns`:
   hard-swish, GELU): their interior gets no range, their output one.
 * Dropout and drop path (`dropout_patterns.dropout_ops`): looked through.
 * Parameters an own-range op computes with (layer-norm gamma and beta, a
@@ -8,7 +8,7 @@
 * Batch norms after no layer: a range, and in eval graphs a 1x1 depthwise
   conv (`qat.quantize.emit.standalone_batch_norm`).
 * Ops the converter removes or runs in their input's scale
-  (`qat.quantize.plan.converter_rewrites`): same-scale ops.
+  (`qat.quantize.plan.ops.converter_rewrites`): same-scale ops.
 * Batch norms written as arithmetic after no layer: their statistics
   arithmetic gets no range (`_find_batch_statistics`).
 * Ops visited before their inputs had ranges (a rewrite created the ops
@@ -20,11 +20,11 @@ from tensorflow.python.framework import tensor_util
 
 from qat.engine import marks
 from qat.matching import layer_patterns
-from qat.quantize.plan import activation_patterns
-from qat.quantize.plan import converter_rewrites
-from qat.quantize.plan import dropout_patterns
-from qat.quantize.plan import op_table
-from qat.quantize.plan import graph as plan_graph
+from qat.quantize.plan.ops import activation_patterns
+from qat.quantize.plan.ops import converter_rewrites
+from qat.quantize.plan.ops import dropout_patterns
+from qat.quantize.plan.ops import op_table
+from qat.quantize.plan.model import graph as plan_graph
 from qat.matching import standalone_batch_norms
 
 
@@ -42,7 +42,7 @@ class StructurePlanning(object):
 
     def _same_scale(self, op: tf.Operation) -> bool:
         """Whether `op`'s output has its input's range: a same-scale op, or
-        one the converter removes (`qat.quantize.plan.converter_rewrites`)."""
+        one the converter removes (`qat.quantize.plan.ops.converter_rewrites`)."""
         if op not in self._same_scale_ops:
             self._same_scale_ops[op] = (
                 op.type in op_table.SAME_SCALE_TYPES
@@ -70,7 +70,7 @@ class StructurePlanning(object):
         """The layer output after the constant adds the converter folds into
         its bias (`converter_rewrites.folded_bias_add`); those join the tail.
 
-        Never across the model's boundary (`qat.quantize.plan.boundary`):
+        Never across the model's boundary (`qat.quantize.plan.model.boundary`):
         `square(logits - 1.0)` is the loss's, and the logits keep their range.
         """
         for _ in range(100):

@@ -1,6 +1,6 @@
 """The planner's embedding ranges (a mixin of `Planner`).
 
-Each embedding table (`qat.quantize.plan.lookups.lookup_table`) gets one
+Each embedding table (`qat.quantize.plan.model.lookups.lookup_table`) gets one
 per-tensor weight range, `<table variable>/weights_quant`, which every lookup
 of it reads: TFLite's GATHER gives its output the table's scale, so the
 gathered embeddings need no range of their own (`Planner._source` maps a
@@ -11,7 +11,7 @@ TFLite kernel after a GATHER reads.
 Where the data path leaves integers otherwise (a cast of an integer input,
 a lookup with batch dimensions), the op is named in `left_float`.
 """
-from qat.quantize.plan import lookups
+from qat.quantize.plan.model import lookups
 
 _CAST_REASON = (
     "Cast of the integer input %s to float: an attention mask's arithmetic "

@@ -17,15 +17,15 @@ in int8, exactly LOGISTIC's output quantization. The converter keeps the
 kernel's scale: the range equals it, so nothing requantizes.
 
 An output that no model op reads (a model output, read by nothing or by the
-loss only; `qat.quantize.plan.boundary`) gets none: its kernel's rounding
+loss only; `qat.quantize.plan.model.boundary`) gets none: its kernel's rounding
 is the last one, as before.
 """
 from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from qat.quantize.plan import patterns as qp
-from qat.quantize.plan import graph as plan_graph
+from qat.quantize.plan.ops import patterns as qp
+from qat.quantize.plan.model import graph as plan_graph
 
 # Op type -> (min, max) of its 8-bit output grid (scale (max - min) / 255).
 FIXED_GRIDS = {

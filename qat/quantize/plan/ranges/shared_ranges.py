@@ -91,11 +91,11 @@ from typing import Dict, List
 import tensorflow as tf
 
 from qat.matching import tensors
-from qat.quantize.plan import clamps
-from qat.quantize.plan import converter_rewrites
-from qat.quantize.plan import op_table
-from qat.quantize.plan import recurrences
-from qat.quantize.plan import graph as plan_graph
+from qat.quantize.plan.ops import clamps
+from qat.quantize.plan.ops import converter_rewrites
+from qat.quantize.plan.ops import op_table
+from qat.quantize.plan.model import recurrences
+from qat.quantize.plan.model import graph as plan_graph
 
 # Ops whose inputs and output TFLite keeps in one scale (CONCATENATION, PACK,
 # SELECT_V2 of two values).
@@ -230,7 +230,7 @@ def plan_identity_rounding(planner, op: tf.Operation) -> None:
 def share_concat_ranges(planner, ordered: List[tf.Operation],
                         steps: "recurrences.Steps") -> None:
     """Groups each planned concatenation (or stack) with its inputs' sources,
-    and the steps of each recurrence (`qat.quantize.plan.recurrences`)."""
+    and the steps of each recurrence (`qat.quantize.plan.model.recurrences`)."""
     parent: Dict[tf.Tensor, tf.Tensor] = {}
 
     def find(t):

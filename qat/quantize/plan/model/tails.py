@@ -17,8 +17,8 @@ from qat.engine import marks
 from qat.matching import layer_patterns
 from qat.matching import tensors
 from qat.matching.tensors import forward_closure
-from qat.quantize.plan import feeds
-from qat.quantize.plan import patterns as qp
+from qat.quantize.plan.model import feeds
+from qat.quantize.plan.ops import patterns as qp
 
 def is_float(t: tf.Tensor) -> bool:
     """Whether FakeQuant can quantize `t` (float16 / bfloat16 through float32).
@@ -95,7 +95,7 @@ def _restores_rank(op: tf.Operation, rank: Optional[int]) -> bool:
 
 
 class LayerTails(object):
-    """Mixin of `qat.quantize.plan.graph.GraphView` (uses `is_data`, `params`,
+    """Mixin of `qat.quantize.plan.model.graph.GraphView` (uses `is_data`, `params`,
     `gradient_ops`, `unfused_batch_norm_matches`)."""
 
     def walk_tail(self, layer: tf.Operation, stop=frozenset()
@@ -106,7 +106,7 @@ class LayerTails(object):
         every input it has comes from the tail or is a parameter (a float
         operand that is not data but a label or target is neither), so
         residual adds and `labels * logits` never join. The tail then
-        ends at a bias add or batch norm (`qat.quantize.plan.patterns.is_tail_end`):
+        ends at a bias add or batch norm (`qat.quantize.plan.ops.patterns.is_tail_end`):
         a Squeeze, Reshape or Identity after it reads the layer output, so
         training and eval graphs put the layer's one range at the same op
         whatever follows it.

@@ -14,7 +14,7 @@ from typing import List
 
 import tensorflow as tf
 
-from qat.quantize.plan import graph as plan_graph
+from qat.quantize.plan.model import graph as plan_graph
 
 # Ops that split a batch between replicas (axis 0): an input range is named
 # after the model op behind them, in every replica.
