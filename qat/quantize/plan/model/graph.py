@@ -2,11 +2,10 @@
 
 `GraphView` finds the layer ops, the gradient ops (never quantized), the
 model sources (`qat.quantize.plan.model.feeds`) and the data path (ops downstream
-of the sources, embedding lookups and layers), the consumers a quantizer of
-a tensor must feed, and (`qat.quantize.plan.model.tails`) the "tail" of a layer
-up to the tensor that is the layer's output. It
-holds the model/loss boundary (`model`, `loss`, `after_model`) that
-`qat.quantize.plan.model.boundary` decides.
+of the sources, embedding lookups and layers), and the consumers a quantizer of
+a tensor must feed. It holds the model/loss boundary (`model`, `loss`,
+`after_model`) that `qat.quantize.plan.model.boundary` decides (called once,
+by `qat.quantize.plan.model.layout`, which also walks the layers' tails).
 Module functions recognise quantizers an earlier pass built.
 """
 import heapq
@@ -92,7 +91,7 @@ def _unfused_batch_norms(ops, gradient_ops) -> Dict[tf.Operation, MatchResult]:
     return found
 
 
-class GraphView(tails.LayerTails):
+class GraphView(object):
     """Layers, gradient ops, data path and consumers of one graph."""
 
     def __init__(self, graph: tf.Graph):

@@ -7,7 +7,7 @@ training tail, and before whatever else follows (a pool, a squeeze, a
 residual add, the loss). `LayerTails.walk_tail` finds that tensor by
 structure, the same in training and eval graphs.
 """
-from typing import Optional, Set, Tuple
+from typing import Callable, Dict, Optional, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -95,8 +95,23 @@ def _restores_rank(op: tf.Operation, rank: Optional[int]) -> bool:
 
 
 class LayerTails(object):
-    """Mixin of `qat.quantize.plan.model.graph.GraphView` (uses `is_data`, `params`,
-    `gradient_ops`, `unfused_batch_norm_matches`)."""
+    """Walks the tails of one graph's layers, given what it reads off the graph.
+
+    Args:
+      is_data: whether a tensor is model data (`GraphView.is_data`).
+      params: the parameter test of the graph (`feeds.Parameters`).
+      gradient_ops: the gradient computation's ops (never in a tail).
+      unfused_batch_norm_matches: batch norms written as arithmetic: final
+        add -> its match (`GraphView.unfused_batch_norm_matches`).
+    """
+
+    def __init__(self, is_data: Callable[[tf.Tensor], bool], params: feeds.Parameters,
+                 gradient_ops: Set[tf.Operation],
+                 unfused_batch_norm_matches: Dict[tf.Operation, object]):
+        self.is_data = is_data
+        self.params = params
+        self.gradient_ops = gradient_ops
+        self.unfused_batch_norm_matches = unfused_batch_norm_matches
 
     def walk_tail(self, layer: tf.Operation, stop=frozenset()
                   ) -> Tuple[Set[tf.Operation], Optional[tf.Tensor]]:

@@ -1,11 +1,11 @@
-"""Where the range of a tensor entering the model is named (a mixin of `Planner`).
+"""Where the range of a tensor entering the model is named.
 
 What feeds a model differs between the graphs of one model (a tf.data
 iterator while training, a placeholder in the export graph, other
 preprocessing), so a tensor entering the model gets its range named after the
 model op that reads it first, which both graphs share:
 `<reader scope>/input_quant`. Readers are found through the ops TFLite drops
-(Identity, dropout: `final_readers`), and through a split of the batch
+(Identity, dropout: `RangeReader.final_readers`), and through a split of the batch
 between data-parallel replicas (`behind_batch_splits`: TF1 towers split one
 input batch with Split / SplitV / Unpack along axis 0), so every replica
 names the range as the single-replica eval graph does.
@@ -15,6 +15,8 @@ from typing import List
 import tensorflow as tf
 
 from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.model import layout as layout_lib
+from qat.quantize.plan.ranges import reader as reader_lib
 
 # Ops that split a batch between replicas (axis 0): an input range is named
 # after the model op behind them, in every replica.
@@ -37,7 +39,7 @@ def behind_batch_splits(readers: List[tf.Operation], final_readers) -> List[tf.O
 
     Args:
       readers: ops reading a tensor that enters the model.
-      final_readers: the planner's `final_readers` (through Identity, dropout).
+      final_readers: `RangeReader.final_readers` (through Identity, dropout).
 
     Returns:
       The model ops the tensor's range is named after.
@@ -46,43 +48,29 @@ def behind_batch_splits(readers: List[tf.Operation], final_readers) -> List[tf.O
         [c for out in r.outputs for c in final_readers(out)] if splits_batch(r) else [r])]
 
 
-class EntryPlanning(object):
-    """Mixin of `qat.quantize.plan.Planner` (uses its graph view)."""
+def entry_context(s: tf.Tensor, view: plan_graph.GraphView, layout: layout_lib.ModelLayout,
+                  reader: reader_lib.RangeReader) -> str:
+    """Where the range of a tensor entering the model is named.
 
-    def _entry_context(self, s: tf.Tensor) -> str:
-        """Where the range of a tensor entering the model is named.
+    What feeds a model differs between the graphs of one model (a tf.data
+    iterator while training, a placeholder in the export graph, other
+    preprocessing), so the range is named after the model op that reads
+    it first, which both graphs share: `<reader scope>/input_quant`.
 
-        What feeds a model differs between the graphs of one model (a tf.data
-        iterator while training, a placeholder in the export graph, other
-        preprocessing), so the range is named after the model op that reads
-        it first, which both graphs share: `<reader scope>/input_quant`.
-        """
-        # A batch norm reads its input for statistics in training graphs
-        # only: it reads it where its final add is.
-        readers = [self.batch_norm_of.get(r, r) for r in self.final_readers(s)
-                   if r in self.model]
-        readers = behind_batch_splits(readers, self.final_readers)
-        if not readers:
-            return plan_graph.own_context(s.op)
-        return plan_graph.own_context(min(readers, key=lambda o: o._id))  # pylint: disable=protected-access
+    Args:
+      s: the tensor entering the model.
+      view: the graph's `GraphView` (its boundary).
+      layout: the model's `ModelLayout` (batch norms' statistics).
+      reader: the `RangeReader` (`final_readers`).
 
-    def final_readers(self, t: tf.Tensor, exclude=()) -> List[tf.Operation]:
-        """Readers of `t`, through ops TFLite drops (Identity, dropout).
-
-        Observers (summaries, prints, asserts, metrics) are not readers: the
-        converted model has none, so they neither unfuse an activation from
-        the op before it nor make a tensor shared.
-        """
-        found, stack, seen = [], [t], set()
-        while stack:
-            for c in self.readers(stack.pop(), exclude):
-                if c in seen or c in self.observers:
-                    continue
-                seen.add(c)
-                if c in self.looked_through:
-                    stack.append(c.outputs[0])
-                elif c.type == "Identity":
-                    stack.append(c.outputs[0])
-                else:
-                    found.append(c)
-        return found
+    Returns:
+      The name scope of the range.
+    """
+    # A batch norm reads its input for statistics in training graphs
+    # only: it reads it where its final add is.
+    readers = [layout.batch_norm_of.get(r, r) for r in reader.final_readers(s)
+               if r in view.model]
+    readers = behind_batch_splits(readers, reader.final_readers)
+    if not readers:
+        return plan_graph.own_context(s.op)
+    return plan_graph.own_context(min(readers, key=lambda o: o._id))  # pylint: disable=protected-access
