@@ -24,9 +24,9 @@ import tensorflow as tf
 from absl import logging
 
 from qat.export.errors import KernelPreconditionError
+from qat.quantize.plan import planner as planner_lib
 from qat.quantize.plan.kernels import kernel_preconditions as kp
 from qat.quantize.plan.kernels import kernel_requirements
-from qat.quantize.plan import planner as planner_lib
 
 
 @dataclasses.dataclass

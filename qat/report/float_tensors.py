@@ -23,10 +23,10 @@ from typing import List, Optional, Sequence, Set
 import tensorflow as tf
 
 from qat.matching import layer_patterns
-from qat.quantize.plan.ops import activation_patterns
-from qat.quantize.plan.model import lookups
-from qat.quantize.plan.ops import patterns as quantize_patterns
 from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.model import lookups
+from qat.quantize.plan.ops import activation_patterns
+from qat.quantize.plan.ops import patterns as quantize_patterns
 from qat.tflite import graph_structure as structure
 
 # TF op types whose TFLite builtins have int8/uint8 kernels.

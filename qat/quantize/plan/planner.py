@@ -44,7 +44,7 @@ looked through, so training and eval graphs plan the same names. What is left in
 why, is listed in `Planner.left_float`.
 """
 import dataclasses
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import tensorflow as tf
 

@@ -32,10 +32,10 @@ import tensorflow as tf
 
 from qat.matching import layer_patterns
 from qat.matching import tensors
-from qat.quantize.plan.ops import activation_patterns
-from qat.quantize.plan.model import graph as plan_graph
 from qat.quantize.plan.kernels import kernel_preconditions as kp
 from qat.quantize.plan.kernels import layer_bias as layer_bias_lib
+from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.ops import activation_patterns
 from qat.quantize.plan.ops import patterns as qp
 
 # A range: a plan of this call (`qat.quantize.plan.Plan`) or a FakeQuant op.

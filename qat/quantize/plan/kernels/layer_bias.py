@@ -16,8 +16,8 @@ import tensorflow as tf
 from qat.engine import marks
 from qat.matching import batch_norm as batch_norm_lib
 from qat.matching import layer_patterns
-from qat.quantize.plan.ops import converter_rewrites
 from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.ops import converter_rewrites
 
 _PASS_THROUGH = frozenset(["Identity", "Reshape", "Squeeze", "ExpandDims",
                            "BatchToSpaceND", "SpaceToBatchND"])

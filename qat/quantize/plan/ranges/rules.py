@@ -79,19 +79,20 @@ class RangeRules(object):
             return
         s = self.reader.source(t)
         if not _is_float(s):
-            self.book.leave(s.name, "dtype %s: FakeQuant takes float32, float16 or bfloat16 only"
-                        % s.dtype.name)
+            self.book.leave(s.name, "dtype %s: FakeQuant takes float32, float16 or bfloat16 "
+                            "only" % s.dtype.name)
             return
         if self.reader.is_filled(s):
             fill = next((c for c in s.consumers() if self.reader.filled_value(c) is s), s.op)
-            self.book.plan(s, plan_graph.own_context(fill), "fill_quant", -6.0, self.view.consumers(s))
+            self.book.plan(s, plan_graph.own_context(fill), "fill_quant", -6.0,
+                           self.view.consumers(s))
             return
-        self.book.plan(s, entries.entry_context(s, self.view, self.layout, self.reader), "input_quant", -6.0,
-                   self.view.consumers(s))
+        ctx = entries.entry_context(s, self.view, self.layout, self.reader)
+        self.book.plan(s, ctx, "input_quant", -6.0, self.view.consumers(s))
 
     def plan_output(self, out: tf.Tensor, ctx: str, kind: str,
-                     init_min: float, exclude=(),
-                     allow_unused: bool = True, fusable: bool = True) -> None:
+                    init_min: float, exclude=(),
+                    allow_unused: bool = True, fusable: bool = True) -> None:
         """A range on `out`, or after the activation that is its sole reader.
 
         Several identical activations reading `out` (NASNet-A's cell
@@ -108,15 +109,16 @@ class RangeRules(object):
             self.book.fused.update(readers)
             act_out = act.outputs[0]
             self.book.plan(act_out, ctx, "act_quant", 0.0, self.view.consumers(act_out),
-                       allow_unused=True)
+                           allow_unused=True)
             owner = self.book.plans.get(act_out)  # None: an earlier call's range.
             for other in readers[1:] if owner is not None else ():
-                self.book.plan(other.outputs[0], plan_graph.own_context(other), "act_quant", 0.0,
-                           self.view.consumers(other.outputs[0]), allow_unused=True, shares=owner)
+                self.book.plan(other.outputs[0], plan_graph.own_context(other), "act_quant",
+                               0.0, self.view.consumers(other.outputs[0]), allow_unused=True,
+                               shares=owner)
             return
         consumers = self.view.consumers(out, exclude)
         self.book.plan(out, ctx, kind, init_min, consumers,
-                   allow_unused=allow_unused)
+                       allow_unused=allow_unused)
 
     def _residual_adds(self, t: tf.Tensor, exclude) -> List[tf.Operation]:
         readers = self.reader.final_readers(t, exclude)
@@ -156,7 +158,7 @@ class RangeRules(object):
         if fusable:
             out = self.fold_constant_adds(out, exclude)
         self.plan_output(out, ctx, kind, -6.0, exclude=exclude,
-                          fusable=fusable)
+                         fusable=fusable)
 
     def _add_kind(self, op: tf.Operation) -> str:
         if op.type in qp.RESIDUAL_ADD_TYPES and len(op.inputs) == 2:
@@ -175,7 +177,8 @@ class RangeRules(object):
 
     def visit_own_range(self, op: tf.Operation) -> None:
         values = op.inputs[1:] if op.type in op_table.CONDITION_TYPES else op.inputs
-        data = [i for i in values if self.view.is_data(i) or self.reader.constant_state(i) is not None]
+        data = [i for i in values
+                if self.view.is_data(i) or self.reader.constant_state(i) is not None]
         if not data or (op.type in op_table.REDUCTION_TYPES
                         and op.outputs[0].shape.rank == 0):
             return
@@ -188,12 +191,12 @@ class RangeRules(object):
             if any(ranged):
                 missing = [i.name for r, i in zip(ranged, data) if not r]
                 self.book.leave(op.name, "%s reads %s, which has no range"
-                            % (op.type, ", ".join(missing)))
+                                % (op.type, ", ".join(missing)))
             return
         non_float = [i for i in data if not _is_float(i)]
         if non_float or not _is_float(op.outputs[0]):
-            self.book.leave(op.name, "dtype %s: FakeQuant takes float32, float16 or bfloat16 only"
-                        % op.outputs[0].dtype.name)
+            self.book.leave(op.name, "dtype %s: FakeQuant takes float32, float16 or bfloat16 "
+                            "only" % op.outputs[0].dtype.name)
             return
         for i in data:
             self.require(i)
@@ -202,11 +205,11 @@ class RangeRules(object):
         kind = self._add_kind(op)
         if op.type in op_table.FUSING_TYPES:
             self.plan_output(op.outputs[0], plan_graph.own_context(op), kind,
-                              init_min)
+                             init_min)
         else:
             out = op.outputs[0]
             self.book.plan(out, plan_graph.own_context(op), kind, init_min,
-                       self.view.consumers(out), allow_unused=True)
+                           self.view.consumers(out), allow_unused=True)
 
     def fold_constant_adds(self, out: tf.Tensor, exclude) -> tf.Tensor:
         """The layer output after the constant adds the converter folds into

@@ -11,8 +11,8 @@ from typing import List
 import tensorflow as tf
 
 from qat.matching import layer_patterns
-from qat.quantize.plan.ops import patterns as qp
 from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.ops import patterns as qp
 from qat.quantize.plan.ranges import book as book_lib
 
 
