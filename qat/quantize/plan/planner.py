@@ -33,9 +33,9 @@ beside a quantized one.
   loss arithmetic gets no range and no warning; arithmetic after the
   model's last range that something else reads is named in `left_float`.
 * Batch norms after no layer: `qat.quantize.emit.standalone_batch_norm`.
-* A concatenation and its inputs share one range; average pools and
-  bilinear resizes round to their input's range:
-  `qat.quantize.plan.ranges.shared_ranges`.
+* A concatenation and its inputs share one range
+  (`qat.quantize.plan.ranges.shared_ranges`); average pools and bilinear
+  resizes round to their input's range (`qat.quantize.plan.ranges.roundings`).
 
 Names derive from the producing op (for a tensor entering the model, from
 the model op that reads it), never from what only one of the graphs has:

@@ -8,7 +8,7 @@ moved into the loss (issue #33). A quantizer on loss arithmetic changes the
 gradients QAT trains with and nothing in the integer model corresponds to
 it; a model output whose range moved into the loss has none in the export
 graph. So the boundary is computed once, here, and every planner rule
-respects it (`op in planner.model`): nothing outside the model gets a range,
+respects it (`op in view.model`): nothing outside the model gets a range,
 and every model output keeps its own, in training, eval and export graphs
 alike.
 
@@ -212,7 +212,7 @@ def find_boundary(view, tail_ops: Set[tf.Operation],
     """Sets `view.model`, `view.loss` and `view.after_model` (see above).
 
     Args:
-      view: the `GraphView` (a `Planner`).
+      view: the `GraphView` (a planner's `view`).
       tail_ops: the layers' tails (walked without the boundary).
       whole_activations: output op of an activation written as several ops -> its input.
       interiors: output op of such an activation -> the ops inside it.

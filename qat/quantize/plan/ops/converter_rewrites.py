@@ -6,7 +6,7 @@ the converted model with exactly that scale and zero point (range survival,
 static shapes and constants as well as op types: where it removes an op, the
 range qat put on that op's output has no TFLite tensor, and the next layer
 reads values on its input's grid instead. So such an op gets no range of its
-own: the planner treats it as a same-scale op (`Planner._same_scale`), whose
+own: the planner treats it as a same-scale op (`RangeReader.same_scale`), whose
 output has its input's range, exactly as the converter computes it.
 
 What TF 2.21's converter (`TFLiteConverter.from_session`, uint8 and int8)
