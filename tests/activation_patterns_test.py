@@ -1,11 +1,11 @@
-"""qat.quantize.plan.activation_patterns: the spellings of GELU and hard-swish it recognises."""
+"""qat.quantize.plan.ops.activation_patterns: the spellings of GELU and hard-swish it recognises."""
 import math
 
 import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from qat.quantize.plan import activation_patterns
+from qat.quantize.plan.ops import activation_patterns
 
 tf1 = tf.compat.v1
 

@@ -1,4 +1,4 @@
-"""Clamps by a constant written with tf.maximum / tf.minimum (qat/quantize/plan/clamps.py).
+"""Clamps by a constant written with tf.maximum / tf.minimum (qat/quantize/plan/ops/clamps.py).
 
 `Maximum(x, 0)` is a RELU the converter fuses into the layer it alone reads;
 other clamps (`Minimum(x, 6)`, `Maximum(x, -1)`) run in their input's scale.
@@ -17,7 +17,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import fixed_grid_util as util  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat.export import range_survival  # pylint: disable=g-import-not-at-top
-from qat.quantize.plan import clamps  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan.ops import clamps  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 

@@ -1,4 +1,4 @@
-"""qat.quantize.plan.control_flow: layers inside functional control flow are found.
+"""qat.quantize.plan.model.control_flow: layers inside functional control flow are found.
 
 Issue #12 item 6: convs inside a `tf.cond` (If), a `tf.while_loop` body
 (While) or a `tf.function` called from the graph (PartitionedCall) get no
@@ -16,7 +16,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
-from qat.quantize.plan import control_flow  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan.model import control_flow  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
 

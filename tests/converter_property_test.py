@@ -112,7 +112,7 @@ class FixedRangeTest(absltest.TestCase):
 
     def test_sigmoid_read_by_a_multiply_holds_every_invariant(self):
         # TFLite rounds the sigmoid's output to 1/256; the eval graph now does
-        # too (qat/quantize/plan/fixed_ranges.py), so the SE multiply agrees.
+        # too (qat/quantize/plan/ranges/fixed_ranges.py), so the SE multiply agrees.
         net = networks.ConvNet(8, "rescaling", (
             networks.ConvBlock("se", 4, variant="sigmoid"),
             networks.ConvBlock("se", 4, variant="sigmoid")), head="softmax")

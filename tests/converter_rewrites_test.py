@@ -1,4 +1,4 @@
-"""Range survival of the converter's rewrites (qat/quantize/plan/converter_rewrites.py).
+"""Range survival of the converter's rewrites (qat/quantize/plan/ops/converter_rewrites.py).
 
 Each network holds one rewrite TensorFlow's TFLite converter makes to
 quantized graphs (an op it removes, a requantize it merges into the op
@@ -20,7 +20,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat.export import range_survival  # pylint: disable=g-import-not-at-top
-from qat.quantize.plan import converter_rewrites  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan.ops import converter_rewrites  # pylint: disable=g-import-not-at-top
 import zoo_util  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1

@@ -265,10 +265,10 @@ class ApiReferenceTest(absltest.TestCase):
 
 
 class OpTableTest(absltest.TestCase):
-    """docs/what_gets_a_range.md lists exactly the op types of qat/quantize/plan/op_table.py."""
+    """docs/what_gets_a_range.md lists exactly the op types of qat/quantize/plan/ops/op_table.py."""
 
     def test_op_table_rows_match_the_module(self):
-        from qat.quantize.plan import op_table  # pylint: disable=g-import-not-at-top
+        from qat.quantize.plan.ops import op_table  # pylint: disable=g-import-not-at-top
         text = read("docs/what_gets_a_range.md")
         for set_name in ("OWN_RANGE_TYPES", "FUSABLE_ACTIVATION_TYPES", "FIXED_RANGE_TYPES",
                          "SAME_SCALE_TYPES", "FUNCTIONAL_TYPES"):

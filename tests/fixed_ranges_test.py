@@ -1,4 +1,4 @@
-"""Fixed-range outputs read by the model (qat/quantize/plan/fixed_ranges.py).
+"""Fixed-range outputs read by the model (qat/quantize/plan/ranges/fixed_ranges.py).
 
 A sigmoid gating a squeeze-excite multiply, a tanh gate, a softmax read by a
 matmul: TFLite's integer kernels write these on a fixed grid (LOGISTIC and
@@ -18,7 +18,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 import fixed_grid_util as util  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat.export import range_survival  # pylint: disable=g-import-not-at-top
-from qat.quantize.plan import fixed_ranges  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan.ranges import fixed_ranges  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 

@@ -11,7 +11,7 @@ an eval graph with the same feed must quantize what the export graph (a
 placeholder named `input`) does: the quantizers of one model, named the same,
 each read by the same ops (the input range before the pad, read by the pad),
 with the same range variables, so a training checkpoint restores strictly
-(`qat/quantize/plan/feeds.py`).
+(`qat/quantize/plan/model/feeds.py`).
 """
 import os
 import tempfile

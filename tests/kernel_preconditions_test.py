@@ -3,7 +3,7 @@
 Some of TFLite's integer kernels refuse scales (HARD_SWISH fails to
 prepare), abort the process (ADD, SQUARED_DIFFERENCE), or the converter
 saturates a layer's int32 bias without a word, when the ranges they read
-and write are too far apart (`qat.quantize.plan.kernel_preconditions`). qat
+and write are too far apart (`qat.quantize.plan.kernels.kernel_preconditions`). qat
 widens the constrained range after each moving-average step
 (`qat.quantize.emit.range_floors`). For each precondition these tests drive
 ranges to violate it, by training (an h-swish fed mostly negative inputs,
@@ -34,7 +34,7 @@ from qat.engine import step_counter  # pylint: disable=g-import-not-at-top
 from qat.export import inspect  # pylint: disable=g-import-not-at-top
 from qat.export import kernel_checks  # pylint: disable=g-import-not-at-top
 from qat.quantize.emit import quantizer_batch  # pylint: disable=g-import-not-at-top
-from qat.quantize.plan import kernel_preconditions as kp  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan.kernels import kernel_preconditions as kp  # pylint: disable=g-import-not-at-top
 from qat.quantize.plan import planner as planner_lib  # pylint: disable=g-import-not-at-top
 from tests import zoo_util  # pylint: disable=g-import-not-at-top
 

@@ -10,7 +10,7 @@ with `tf.identity`) quantizes: the same model tensors under the same names
 (`model/logits/act_quant` reads `model/logits/BiasAdd:0`, never `sub:0`),
 no quantizer on loss arithmetic, and the same range variables, so a training
 checkpoint restores strictly into the export graph
-(`qat/quantize/plan/boundary.py`, docs/what_gets_a_range.md).
+(`qat/quantize/plan/model/boundary.py`, docs/what_gets_a_range.md).
 """
 import os
 import tempfile

@@ -24,7 +24,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import qat  # pylint: disable=g-import-not-at-top
 from qat.matching import layer_patterns  # pylint: disable=g-import-not-at-top
 from qat.quantize import plan as quantize  # pylint: disable=g-import-not-at-top
-from qat.quantize.plan import graph as plan_graph  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan.model import graph as plan_graph  # pylint: disable=g-import-not-at-top
 
 ACTIVATIONS = ("Relu6", "Relu", "Identity", "LeakyRelu")
 RESIDUALS = ("none", "pre", "post")

@@ -178,7 +178,7 @@ class FromScratchTest(absltest.TestCase):
     # Float training is at 99 % or more from step 25; QAT from scratch of this small
     # encoder reached 100 % by step 125 (the 4-block encoder of issue #26: by step 50); with
     # the attention probabilities and the pooler's tanh on TFLite's fixed grids
-    # (qat/quantize/plan/fixed_ranges.py) 96.7 % at step 150, 100 % at step 200.
+    # (qat/quantize/plan/ranges/fixed_ranges.py) 96.7 % at step 150, 100 % at step 200.
     STEPS = 200
 
     def _accuracy(self, quantize):

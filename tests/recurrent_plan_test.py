@@ -1,6 +1,6 @@
 """Recurrent layers: every cell tensor gets a range, the steps share them, loops unroll.
 
-Issue #38. The planner's recurrence rule (`qat.quantize.plan.recurrences`) and
+Issue #38. The planner's recurrence rule (`qat.quantize.plan.model.recurrences`) and
 the loop unroller (`qat.prepare.loops`) on TF1 cells, planned only (no
 training, no conversion: `recurrent_export_test.py` converts):
 

@@ -1,4 +1,4 @@
-"""Shared ranges (qat.quantize.plan.shared_ranges, issue #21).
+"""Shared ranges (qat.quantize.plan.ranges.shared_ranges, issue #21).
 
 A concatenation and its inputs share one pair of range variables, named after
 the group's last concatenation; chains of concatenations and concatenations

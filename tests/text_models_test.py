@@ -131,7 +131,7 @@ class TextModelsTest(zoo_util.ZooAssertions, parameterized.TestCase):
     def test_every_lookup_quantizes_its_table(self, lookup):
         planner, g = _planned("bert_nn", False, lookup=lookup)
         self.assertEqual(planner.left_float, [])
-        prefixes = {p.prefix: p for p in planner.plans.values()}
+        prefixes = {p.prefix: p for p in planner.book.plans.values()}
         table = prefixes["bert/embeddings/word_embeddings/weights_quant"]
         self.assertTrue(table.is_weight)
         self.assertFalse(table.per_channel)
@@ -172,7 +172,7 @@ class TextModelsTest(zoo_util.ZooAssertions, parameterized.TestCase):
     def test_keras_embeddings_quantize_tables(self):
         planner, _ = _planned("bert_keras", False)
         self.assertEqual(planner.left_float, [])
-        prefixes = {p.prefix for p in planner.plans.values()}
+        prefixes = {p.prefix for p in planner.book.plans.values()}
         self.assertIn("word_embeddings/embeddings/weights_quant", prefixes)
         self.assertIn("position_embeddings/embeddings/weights_quant", prefixes)
         self.assertIn("add/add_quant", prefixes)  # Words + positions.
@@ -182,7 +182,7 @@ class TextModelsTest(zoo_util.ZooAssertions, parameterized.TestCase):
         names = []
         for training in (True, False):
             planner, _ = _planned(style, training)
-            names.append(sorted(p.prefix for p in planner.plans.values()))
+            names.append(sorted(p.prefix for p in planner.book.plans.values()))
         self.assertEqual(names[0], names[1])
 
     @parameterized.named_parameters(("bert_nn", "bert_nn"), ("bert_keras", "bert_keras"))
@@ -216,7 +216,7 @@ class TextModelsTest(zoo_util.ZooAssertions, parameterized.TestCase):
                 tf1.layers.dense(h, 2, name="logits")
                 planner = Planner(g, training, None, False)
                 planner.run()
-            names.append(sorted(p.prefix for p in planner.plans.values()))
+            names.append(sorted(p.prefix for p in planner.book.plans.values()))
         self.assertEqual(names[0], names[1])
         self.assertIn("proj/input_quant", names[1])
 

@@ -8,7 +8,7 @@ The eval and export graphs must name the same ranges whether or not the
 training graph had them, a strict `Saver()` restore of a training checkpoint
 into the export graph must work, and what only watches the model (summaries,
 prints, asserts, metrics) is no model output left float: no `left_float`
-entry, no range (`qat/quantize/plan/observers.py`).
+entry, no range (`qat/quantize/plan/model/observers.py`).
 """
 import functools
 import os

@@ -8,7 +8,7 @@ flags of docs/int8_export.md, every activation range a TFLite tensor with
 its scale and zero point (qat.export.range_survival); and the TFLite models agree with the eval graph: every layer,
 computed by the eval graph from TFLite's own values of the layers before it,
 is within one quantization step of TFLite's (so no kernel disagrees;
-concatenations' inputs included, qat.quantize.plan.shared_ranges), and the outputs,
+concatenations' inputs included, qat.quantize.plan.ranges.shared_ranges), and the outputs,
 where rounding differences have added up through the whole network, within a
 looser bound (per case where measured apart). Where the case declares it
 (zoo_util.Case.outputs_vary), the eval graph and every TFLite model give

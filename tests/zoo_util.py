@@ -26,7 +26,7 @@ import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
 from qat import report  # pylint: disable=g-import-not-at-top
 from qat.engine import marks  # pylint: disable=g-import-not-at-top
-from qat.quantize.plan import patterns as quantize_patterns  # pylint: disable=g-import-not-at-top
+from qat.quantize.plan.ops import patterns as quantize_patterns  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 _APPS = keras.applications
@@ -410,7 +410,7 @@ def layer_agreement(frozen, x, y, inputs, flavour: str, model: bytes) -> LayerAg
 
     Every matched integer row is checked, concatenations' neighbours
     included: a concatenation and its inputs share one range
-    (`qat.quantize.plan.shared_ranges`), as TFLite shares one scale.
+    (`qat.quantize.plan.ranges.shared_ranges`), as TFLite shares one scale.
     """
     numerics = report.layer_numerics(frozen, x.name, [y.op.name], inputs,
                                      flavour=flavour, model=model)

@@ -32,7 +32,7 @@ graph, the output difference TFLite - eval graph in output steps (mean, max),
 and `qat.report.layer_numerics` per layer: each layer's end-to-end steps and its
 own steps (the eval graph given TFLite's inputs to that layer).
 
-Before / after shared ranges (`qat.quantize.plan.shared_ranges`): the tool uses
+Before / after shared ranges (`qat.quantize.plan.ranges.shared_ranges`): the tool uses
 whichever `qat` is on PYTHONPATH and prints which (and whether it has shared
 ranges). Run it once on this tree and once with PYTHONPATH at a worktree of a
 commit without shared ranges (e.g. branch `arch`); the seeds are fixed, so the
@@ -335,7 +335,7 @@ def format_layers(numerics) -> str:
 
 def has_shared_ranges() -> bool:
     try:
-        from qat.quantize.plan import shared_ranges  # pylint: disable=g-import-not-at-top,unused-import
+        from qat.quantize.plan.ranges import shared_ranges  # pylint: disable=g-import-not-at-top,unused-import
         return True
     except ImportError:
         return False

@@ -205,13 +205,15 @@ def share(planner, plans: List) -> List:
     """Joins the plans of replicas of one tensor into one range (see above).
 
     Args:
-      planner: the `qat.quantize.plan.Planner` that made `plans`.
+      planner: the `qat.quantize.plan.Planner` that made `plans` (its
+        `view` and `settings`).
       plans: its plans, in planning order.
 
     Returns:
       The plans, with one added per weight that layers on other devices read.
     """
-    replicas = Replicas(planner.layers, planner.graph, planner.is_data)
+    view = planner.view
+    replicas = Replicas(view.layers, view.graph, view.is_data)
     if not replicas:
         return plans
     plans = plans + _split_weights_by_device(plans, replicas)
@@ -226,9 +228,10 @@ def share(planner, plans: List) -> List:
     # Ranges of an earlier call, by their names without a replica scope (replica 0
     # of a strategy has none; a tower's keeps `tower_0/` in its variables' names),
     # with the join of its step statistics if it has one.
-    joins = replica_stats.statistics_joins(planner.graph) if planner.is_training else {}
+    is_training = planner.settings.is_training
+    joins = replica_stats.statistics_joins(view.graph) if is_training else {}
     earlier = {replicas.strip(prefix)[1]: (found, joins.get(prefix))
-               for prefix, found in replica_stats.earlier_ranges(planner.graph).items()}
+               for prefix, found in replica_stats.earlier_ranges(view.graph).items()}
     for (name, _), members in groups.items():
         members.sort(key=lambda m: m[0])
         if len({k for k, _ in members}) != len(members):
@@ -246,7 +249,7 @@ def share(planner, plans: List) -> List:
         owner = members[0][1]
         owner.prefix = name
         for _, plan in members[1:]:
-            if planner.is_training:
+            if is_training:
                 # Its own batch moves the range its forward reads; the update
                 # combines every replica's statistics once per step.
                 plan.replica_of = owner

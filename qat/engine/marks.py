@@ -20,7 +20,7 @@ QUANTIZER = "quantizer"
 QUANTIZER_OUTPUT = "quantizer_output"
 STANDALONE_BATCH_NORM = "standalone_batch_norm"
 LAYER_NORM = "layer_norm"
-# A resource variable's lookup split into read + gather (`qat.quantize.plan.lookups`).
+# A resource variable's lookup split into read + gather (`qat.quantize.plan.model.lookups`).
 EMBEDDING = "embedding"
 # A layer op a function call computed (tf_keras's grouped Conv2D), now in the graph.
 LAYER_CALL = "layer_call"

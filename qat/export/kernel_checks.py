@@ -3,7 +3,7 @@
 Some of TFLite's integer kernels refuse scales (HARD_SWISH fails to prepare),
 abort the process (ADD, SQUARED_DIFFERENCE) or the converter saturates a
 layer's int32 bias without a word, when the ranges they read and write are
-too far apart (`qat.quantize.plan.kernel_preconditions`). qat's range updates
+too far apart (`qat.quantize.plan.kernels.kernel_preconditions`). qat's range updates
 keep every learnt range clear of them (`qat.quantize.emit.range_floors`), but
 an eval graph restored from a checkpoint written before those floors existed,
 or holding ranges set by hand, may not be. `check_kernel_preconditions`
@@ -24,9 +24,9 @@ import tensorflow as tf
 from absl import logging
 
 from qat.export.errors import KernelPreconditionError
-from qat.quantize.plan import kernel_preconditions as kp
-from qat.quantize.plan import kernel_requirements
 from qat.quantize.plan import planner as planner_lib
+from qat.quantize.plan.kernels import kernel_preconditions as kp
+from qat.quantize.plan.kernels import kernel_requirements
 
 
 @dataclasses.dataclass

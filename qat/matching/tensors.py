@@ -3,8 +3,8 @@
 What a FakeQuant op is, which dtypes FakeQuant quantizes, whether a gather is
 a row lookup, what an op set feeds: facts of the graph, not decisions of a
 pass. The resource-gather split (`qat.prepare.resource_gathers`), the
-planner's lookups (`qat.quantize.plan.lookups`), its graph view
-(`qat.quantize.plan.graph`) and the quantizer specs
+planner's lookups (`qat.quantize.plan.model.lookups`), its graph view
+(`qat.quantize.plan.model.graph`) and the quantizer specs
 (`qat.quantize.emit.quantizer_spec`) all read them from here.
 """
 from typing import Iterable, Set

@@ -6,7 +6,7 @@ FILL of a quantized value is integer (measured on TF 2.21). Keras 3 writes
 the first output of a masked recurrent layer as `where(mask, output,
 zeros_like(output))`. `fill_constant_likes` puts `Fill(Shape(x), 0)` (or 1) in
 the graph and moves the readers onto it; the planner quantizes the Fill's
-value (`qat.quantize.plan.rules`). The op replaced is left unconnected and
+value (`qat.quantize.plan.ranges.rules`). The op replaced is left unconnected and
 marked. Gradient ops (`tf.gradients` builds ZerosLike ops) are left alone.
 """
 import numpy as np

@@ -9,7 +9,7 @@ batch of unknown size, cannot convert the loop's tensor lists at all
 (`TensorListReserve ... requires element_shape to be static`). Unrolled, the
 loop is what `static_rnn` or `unroll=True` builds: every op has an integer
 TFLite kernel, and the planner's recurrence rule
-(`qat.quantize.plan.recurrences`) gives the steps one range per cell value,
+(`qat.quantize.plan.model.recurrences`) gives the steps one range per cell value,
 as the loop would have.
 
 `unroll_loops(graph)` unrolls every loop whose body computes a layer

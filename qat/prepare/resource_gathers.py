@@ -5,7 +5,7 @@ A resource variable's `sparse_read` (`ResourceGather`, tf_keras's
 reach it: `split_resource_gathers` (run before the passes, in training and
 eval graphs alike) replaces each by `ReadVariableOp` + `GatherV2`, the same
 values and gradients, and leaves the original unconnected and marked. The
-planner's lookups (`qat.quantize.plan.lookups`) then see a gather of a
+planner's lookups (`qat.quantize.plan.model.lookups`) then see a gather of a
 variable read like any other table lookup.
 """
 import tensorflow as tf

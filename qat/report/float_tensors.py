@@ -23,10 +23,10 @@ from typing import List, Optional, Sequence, Set
 import tensorflow as tf
 
 from qat.matching import layer_patterns
-from qat.quantize.plan import activation_patterns
-from qat.quantize.plan import lookups
-from qat.quantize.plan import patterns as quantize_patterns
-from qat.quantize.plan import planner as quantize_plan
+from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.model import lookups
+from qat.quantize.plan.ops import activation_patterns
+from qat.quantize.plan.ops import patterns as quantize_patterns
 from qat.tflite import graph_structure as structure
 
 # TF op types whose TFLite builtins have int8/uint8 kernels.
@@ -180,7 +180,7 @@ def find_float_tensors(graph: tf.Graph, path: Set[tf.Operation],
         if _is_parameter(op) or not op.outputs or not op.outputs[0].dtype.is_floating:
             continue
         out = op.outputs[0].name
-        if out in ranged or op in fused or quantize_plan.is_quantized_output(op.outputs[0]):
+        if out in ranged or op in fused or plan_graph.is_quantized_output(op.outputs[0]):
             ranged.add(out)
             continue
         inputs = _data_inputs(op, path)

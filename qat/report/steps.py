@@ -2,7 +2,7 @@
 
 A recurrent layer's steps are copies of one cell (`static_rnn`, Keras
 `unroll=True`, a loop qat unrolled: `qat.prepare.loops`); the planner matches
-them (`qat.quantize.plan.recurrences`), and the layer numerics label each row
+them (`qat.quantize.plan.model.recurrences`), and the layer numerics label each row
 of a recurrent layer with its step (`qat.report.numerics`), so a drift can
 be read step by step.
 """
@@ -11,8 +11,8 @@ from typing import Dict
 import tensorflow as tf
 
 from qat.matching import layer_patterns
-from qat.quantize.plan import graph as plan_graph
-from qat.quantize.plan import recurrences
+from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.model import recurrences
 
 
 def recurrent_steps(graph: tf.Graph) -> Dict[str, int]:

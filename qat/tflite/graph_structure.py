@@ -22,9 +22,9 @@ from qat.engine import preconditions
 from qat.matching import layer_patterns
 from qat.matching import tensors
 from qat.matching.matcher import GraphMatcher
-from qat.quantize.plan import lookups
-from qat.quantize.plan import op_table
-from qat.quantize.plan import patterns as quantize_patterns
+from qat.quantize.plan.model import lookups
+from qat.quantize.plan.ops import op_table
+from qat.quantize.plan.ops import patterns as quantize_patterns
 
 FAKE_QUANT_TYPES = tensors.FAKE_QUANT_TYPES
 LAYER_TYPES = frozenset(quantize_patterns.LAYER_TYPES)
@@ -205,7 +205,7 @@ def graph_inputs(graph: tf.Graph) -> List[tf.Operation]:
 
 def data_sources(graph: tf.Graph) -> List[tf.Operation]:
     """Float graph inputs, and where integer inputs (token ids, masks) turn
-    float: embedding lookups and casts (`qat.quantize.plan.lookups`)."""
+    float: embedding lookups and casts (`qat.quantize.plan.model.lookups`)."""
     return graph_inputs(graph) + list(lookups.entry_ops(graph.get_operations()))
 
 

@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from qat.quantize.plan import op_table
-from qat.quantize.plan import patterns as quantize_patterns
+from qat.quantize.plan.ops import op_table
+from qat.quantize.plan.ops import patterns as quantize_patterns
 from qat.tflite import graph_structure as structure
 
 

@@ -26,7 +26,7 @@ to both flavours, uint8 and int8. It returns, for each invariant of
 * `kernel_preconditions`: the ranges the training graph's FakeQuants read in
   its last step, and the eval graph's restored ranges, meet every
   precondition of TFLite's integer kernels
-  (`qat.quantize.plan.kernel_preconditions`, checked by
+  (`qat.quantize.plan.kernels.kernel_preconditions`, checked by
   `qat.export.kernel_checks`).
 * `model_prepares`: TFLite prepares and runs the converted model
   (`qat.export.check_runnable`, which refuses scales that would abort the

@@ -27,7 +27,7 @@ drives the activation's input to an extreme: -3 leaves it nearly dead, -8
 dead or one-sided negative (an h-swish of inputs below -3 is 0), +8
 one-sided positive (a ReLU6 saturated), as a short training on real data
 can leave a layer; the ranges learnt there are where TFLite's kernel
-preconditions bite (`qat.quantize.plan.kernel_preconditions`).
+preconditions bite (`qat.quantize.plan.kernels.kernel_preconditions`).
 
 Pre-processing: none (input in [0, 1]), a constant scale and offset
 (x / 127.5 - 1), tf_keras `Rescaling(1 / 255)` (a multiply and an add of 0)

@@ -29,11 +29,11 @@ and training mode), rewrites both and returns, for each invariant of
   concatenation's (training and eval graphs), or through a fixed grid's
   (a sigmoid's, a tanh's), which TFLite requantizes. A concatenation's range reads
   its other inputs' raw values for its statistics
-  (`qat.quantize.plan.shared_ranges`): `no_raw_reader` counts those reductions as
+  (`qat.quantize.plan.ranges.shared_ranges`): `no_raw_reader` counts those reductions as
   range computation.
 * `kernel_preconditions`: the ranges the training graph's FakeQuants read in
   its run, and the eval graph's, meet every precondition of TFLite's
-  integer kernels (`qat.quantize.plan.kernel_preconditions`, checked by
+  integer kernels (`qat.quantize.plan.kernels.kernel_preconditions`, checked by
   `qat.export.kernel_checks`): the ranges of activations pushed to one side
   (`Block.offset`) included.
 * `no_loss_ranges`: no activation quantizer reads a tensor the loss computes
@@ -61,9 +61,9 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 import qat
 from qat.engine import marks
 from qat.export import kernel_checks
-from qat.quantize.plan import dropout_patterns
-from qat.quantize.plan import fixed_ranges
-from qat.quantize.plan import op_table
+from qat.quantize.plan.ops import dropout_patterns
+from qat.quantize.plan.ranges import fixed_ranges
+from qat.quantize.plan.ops import op_table
 from tools.property import networks
 from tools.property import sequences
 
@@ -220,7 +220,7 @@ def _range_variables(fq: tf.Operation) -> Optional[tuple]:
 
 
 def _is_fixed_range(fq: tf.Operation) -> bool:
-    """A FakeQuant of a kernel's fixed grid (`qat.quantize.plan.fixed_ranges`): constants."""
+    """A FakeQuant of a kernel's fixed grid (`qat.quantize.plan.ranges.fixed_ranges`): constants."""
     def constant(t):
         while t.op.type == "Identity":
             t = t.op.inputs[0]
@@ -365,7 +365,7 @@ def loss_range_violations(graph: tf.Graph) -> List[str]:
 def output_range_violations(built: "networks.Built") -> List[str]:
     """The model output, if it has no range: no FakeQuant quantizes it or what
     it reads through same-scale ops (a pool keeps its input's scale), and it
-    is not on a kernel's fixed grid (a softmax's: `qat.quantize.plan.fixed_ranges`)."""
+    is not on a kernel's fixed grid (a softmax's: `qat.quantize.plan.ranges.fixed_ranges`)."""
     t = built.output.op.inputs[0]
     for _ in range(100):
         if _is_fake_quant(t.op) or fixed_ranges.fixed_grid(t.op) is not None:

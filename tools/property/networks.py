@@ -22,7 +22,7 @@ GELU or none. An offset (0, -3, -8 or +8: the mean of the batch norm's beta
 or of the bias, or else a constant added to the layer output, which the
 converter folds into its bias) pushes the activation's input to one side:
 nearly dead, dead or one-sided, the ranges where TFLite's kernel
-preconditions bite (`qat.quantize.plan.kernel_preconditions`).
+preconditions bite (`qat.quantize.plan.kernels.kernel_preconditions`).
 
 A dense layer after 4-D blocks flattens its input first; later blocks are
 dense too. Batch norms come from `tf.compat.v1.layers.batch_normalization`

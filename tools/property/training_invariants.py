@@ -41,7 +41,7 @@ import tensorflow as tf
 from qat import api
 from qat.engine import config as config_lib
 from qat.engine import marks
-from qat.quantize.plan import dropout_patterns
+from qat.quantize.plan.ops import dropout_patterns
 from qat.tflite import graph_structure as structure
 from tools.property import invariants as rewrite_invariants
 from tools.property import training_loop

@@ -36,8 +36,8 @@ from qat.quantize.emit import quantizer_batch
 from qat.matching import standalone_batch_norms
 from qat.quantize.emit import standalone_batch_norm
 from qat.quantize.emit import statistics_packs
-from qat.quantize.plan import fixed_ranges
-from qat.quantize.plan import kernel_preconditions
+from qat.quantize.plan.ranges import fixed_ranges
+from qat.quantize.plan.kernels import kernel_preconditions
 from qat.quantize.plan import replication as replication_lib
 from qat.quantize.plan.planner import Plan
 from qat.quantize.plan.planner import PlannedGraph

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from qat.engine import config as config_lib
 from qat.matching import tensors
-from qat.quantize.plan import layer_bias as layer_bias_lib
+from qat.quantize.plan.kernels import layer_bias as layer_bias_lib
 
 # Name of the FakeQuant op inside each quantizer's scope (contrib's names).
 FAKE_QUANT_NAME = "FakeQuantWithMinMaxVars"

@@ -25,7 +25,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from qat.quantize.emit import quantizer_spec
-from qat.quantize.plan import kernel_preconditions as kp
+from qat.quantize.plan.kernels import kernel_preconditions as kp
 
 _FLOAT = tf.float32
 _INT32 = tf.int32

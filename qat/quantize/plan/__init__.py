@@ -1,30 +1,25 @@
 """Deciding the quantize pass, no op created: which tensors get a range, named how.
 
-  planner            -> `Plan`, `Planner` (the driver: visits the data path in
-                        graph order), `plan_quantizers` (a graph's plans)
-  rules, entries     -> the range rules; where an entering tensor's range is
-                        named
-  structures, weights, embeddings
-                     -> the planner's other mixins: multi-op activations,
-                        dropout, standalone batch norms; weights; tables
-  graph              -> what the planner reads off a graph (`GraphView`)
-  op_table           -> TFLite's integer op requirements, as data
-  patterns, activation_patterns, dropout_patterns, clamps
-                     -> op types and forms the rules recognise (dropout_patterns:
-                        dropout and drop path, looked through)
-  converter_rewrites -> ops the TFLite converter removes
-  shared_ranges, fixed_ranges
-                     -> one range for a concatenation's group; TFLite's
-                        fixed output grids
-  lookups            -> token-id models: embedding lookups, integer casts
-  feeds              -> model sources: where the model's data enters, by structure
-  boundary           -> the model/loss boundary every rule respects
-  observers          -> summaries, prints, asserts, metric updates: no model outputs
-  control_flow       -> layers inside functional control flow, named
-  replication        -> the hook `qat.distribute` fills (replicas share ranges)
+Four questions, each a sub-package; none asks another in a loop (ops <- model
+<- ranges and kernels; the planner drives them all):
+
+  ops/        -> what the ops mean: TFLite's integer op table, the op forms
+                 the rules recognise, the ops the converter removes
+  model/      -> what the model is: the graph view (`GraphView`), sources,
+                 lookups, layer tails, observers, the model/loss boundary,
+                 the layout found once (`ModelLayout`), recurrences, layers
+                 inside control flow
+  ranges/     -> which tensor gets a range, named how: the plans (`Plan`,
+                 `PlanBook`), the range a tensor reads, the rules, fixed
+                 grids, roundings, shared ranges
+  kernels/    -> which kernel needs what: TFLite's kernel preconditions on
+                 scales, where each applies, a layer's int32 bias
+  planner     -> `Planner` (visits the data path in graph order and hands
+                 each op to its rule), `plan_quantizers` (a graph's plans)
+  replication -> the hook `qat.distribute` fills (replicas share ranges)
 """
-from qat.quantize.plan.graph import existing_quantizer
-from qat.quantize.plan.graph import is_quantized_output
+from qat.quantize.plan.model.graph import existing_quantizer
+from qat.quantize.plan.model.graph import is_quantized_output
 from qat.quantize.plan.planner import Plan
 from qat.quantize.plan.planner import PlannedGraph
 from qat.quantize.plan.planner import Planner

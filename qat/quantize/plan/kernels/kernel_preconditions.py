@@ -22,7 +22,7 @@ W / (2^b - 2) for narrow-range weights) the forms are:
   MINIMUM  s_out > constant
 
 The planner attaches to each plan the preconditions that constrain it
-(`qat.quantize.plan.kernel_requirements`), the emitter enforces them where
+(`qat.quantize.plan.kernels.kernel_requirements`), the emitter enforces them where
 the range is learnt (`qat.quantize.emit.range_updates`: after the moving
 average, the range is widened to `margin` times the bound), and
 `qat.export.kernel_checks` checks a frozen graph against the same table
@@ -57,7 +57,7 @@ class Precondition:
       name: what the condition is about (messages, node names).
       tflite_ops: the TFLite kernels checking it.
       applies_to: qat's op kinds: TF op types, or a multi-op activation's
-        TFLite name (`qat.quantize.plan.activation_patterns`).
+        TFLite name (`qat.quantize.plan.ops.activation_patterns`).
       flavours: the flavours whose kernels check it.
       constrained: OUTPUT (the op's output range) or LAYER_INPUT (the range
         of a layer's data input).

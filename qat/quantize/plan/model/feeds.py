@@ -33,8 +33,8 @@ from typing import Callable, Dict, List, Optional, Set
 import tensorflow as tf
 
 from qat.matching import tensors
-from qat.quantize.plan import dropout_patterns
-from qat.quantize.plan import op_table
+from qat.quantize.plan.ops import dropout_patterns
+from qat.quantize.plan.ops import op_table
 
 # Parameters: values that do not depend on what the graph is fed.
 PARAMETER_TYPES = frozenset([

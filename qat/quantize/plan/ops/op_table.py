@@ -25,11 +25,11 @@ Structures matched as a whole (patterns, in `qat.matching.matcher` style):
 
 * Activations written as several ops that the converter turns into one
   integer op when nothing is quantized inside (HARD_SWISH, GELU): declared in
-  `qat.quantize.plan.activation_patterns`; only their output gets a range.
+  `qat.quantize.plan.ops.activation_patterns`; only their output gets a range.
 * Dropout and drop path, `Select(random >= rate, x * scale, 0)` and
   `x * random mask` with its scale: exist in training graphs only; looked
   through (like a same-scale op) so that training and eval graphs plan, and
-  name, the same ranges (`qat.quantize.plan.dropout_patterns`).
+  name, the same ranges (`qat.quantize.plan.ops.dropout_patterns`).
 """
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util

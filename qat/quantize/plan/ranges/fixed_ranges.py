@@ -17,15 +17,17 @@ in int8, exactly LOGISTIC's output quantization. The converter keeps the
 kernel's scale: the range equals it, so nothing requantizes.
 
 An output that no model op reads (a model output, read by nothing or by the
-loss only; `qat.quantize.plan.boundary`) gets none: its kernel's rounding
+loss only; `qat.quantize.plan.model.boundary`) gets none: its kernel's rounding
 is the last one, as before.
 """
 from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from qat.quantize.plan import patterns as qp
-from qat.quantize.plan import graph as plan_graph
+from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.ops import patterns as qp
+from qat.quantize.plan.ranges import book as book_lib
+from qat.quantize.plan.ranges import reader as reader_lib
 
 # Op type -> (min, max) of its 8-bit output grid (scale (max - min) / 255).
 FIXED_GRIDS = {
@@ -52,21 +54,23 @@ def fixed_grid(op: tf.Operation) -> Optional[Tuple[float, float]]:
     return FIXED_GRIDS.get(op.type)
 
 
-def plan(planner, op: tf.Operation) -> None:
+def plan(view: plan_graph.GraphView, reader: reader_lib.RangeReader, book: book_lib.PlanBook,
+         op: tf.Operation) -> None:
     """Plans a fixed-range FakeQuant on `op`'s output if the model reads it.
 
     Args:
-      planner: the `qat.quantize.plan.Planner` visiting `op`.
+      view: the graph's `GraphView`.
+      reader: the `RangeReader` (who reads the output).
+      book: the `PlanBook` the range is planned into.
       op: a LOGISTIC / TANH / SOFTMAX / LOG_SOFTMAX op of the data path.
     """
     grid = fixed_grid(op)
     out = op.outputs[0]
-    if grid is None or not plan_graph.is_float(out) or not planner.is_data(op.inputs[0]):
+    if grid is None or not plan_graph.is_float(out) or not view.is_data(op.inputs[0]):
         return
-    readers = [r for r in planner.final_readers(out)
-               if r in planner.model and r.type not in qp.METADATA_TYPES]
+    readers = [r for r in reader.final_readers(out)
+               if r in view.model and r.type not in qp.METADATA_TYPES]
     if not readers:
         return
-    if planner._plan(out, plan_graph.own_context(op), RANGE_NAME, grid[0],  # pylint: disable=protected-access
-                     planner.consumers(out)):
-        planner.plans[out].fixed = grid
+    if book.plan(out, plan_graph.own_context(op), RANGE_NAME, grid[0], view.consumers(out)):
+        book.plans[out].fixed = grid

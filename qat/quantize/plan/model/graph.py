@@ -1,12 +1,11 @@
 """What the quantize planner reads off a graph (no decisions, no edits).
 
 `GraphView` finds the layer ops, the gradient ops (never quantized), the
-model sources (`qat.quantize.plan.feeds`) and the data path (ops downstream
-of the sources, embedding lookups and layers), the consumers a quantizer of
-a tensor must feed, and (`qat.quantize.plan.tails`) the "tail" of a layer
-up to the tensor that is the layer's output. It
-holds the model/loss boundary (`model`, `loss`, `after_model`) that
-`qat.quantize.plan.boundary` decides.
+model sources (`qat.quantize.plan.model.feeds`) and the data path (ops downstream
+of the sources, embedding lookups and layers), and the consumers a quantizer of
+a tensor must feed. It holds the model/loss boundary (`model`, `loss`,
+`after_model`) that `qat.quantize.plan.model.boundary` decides (called once,
+by `qat.quantize.plan.model.layout`, which also walks the layers' tails).
 Module functions recognise quantizers an earlier pass built.
 """
 import heapq
@@ -21,10 +20,10 @@ from qat.matching import loops
 from qat.matching import tensors
 from qat.matching.matcher import GraphMatcher, MatchResult
 from qat.matching.tensors import forward_closure
-from qat.quantize.plan import feeds
-from qat.quantize.plan import lookups
-from qat.quantize.plan import patterns as qp
-from qat.quantize.plan import tails
+from qat.quantize.plan.model import feeds
+from qat.quantize.plan.model import lookups
+from qat.quantize.plan.ops import patterns as qp
+from qat.quantize.plan.model import tails
 
 
 def context(op: tf.Operation) -> str:
@@ -92,7 +91,7 @@ def _unfused_batch_norms(ops, gradient_ops) -> Dict[tf.Operation, MatchResult]:
     return found
 
 
-class GraphView(tails.LayerTails):
+class GraphView(object):
     """Layers, gradient ops, data path and consumers of one graph."""
 
     def __init__(self, graph: tf.Graph):
@@ -130,7 +129,7 @@ class GraphView(tails.LayerTails):
         self.model: Set[tf.Operation] = set(self.model_ops)
         self.loss: Set[tf.Operation] = set()
         self.after_model: Set[tf.Operation] = set()
-        # Summaries, prints, asserts, metric updates (`qat.quantize.plan.observers`).
+        # Summaries, prints, asserts, metric updates (`qat.quantize.plan.model.observers`).
         self.observers: Set[tf.Operation] = set()
         self.library = None
         self._topological: Optional[Dict[tf.Operation, int]] = None
@@ -138,7 +137,7 @@ class GraphView(tails.LayerTails):
         self._update_only = {}  # op -> feeds_only_state_updates(op)
 
     def _find_sources(self) -> None:
-        """The model sources (`qat.quantize.plan.feeds`) and the data path.
+        """The model sources (`qat.quantize.plan.model.feeds`) and the data path.
 
         Sets `sources` (tensors), `data_ops` (the ops computing from the
         layers, the entries and the sources) and, for a source op whose
@@ -186,7 +185,7 @@ class GraphView(tails.LayerTails):
         return match.get_tensor("bn_input") if match is not None else feeds.dropout_input(op)
 
     def is_source(self, t: tf.Tensor) -> bool:
-        """Whether `t` is where model data enters (`qat.quantize.plan.feeds`)."""
+        """Whether `t` is where model data enters (`qat.quantize.plan.model.feeds`)."""
         return t in self.sources
 
     def _reaches_layer(self, op: tf.Operation) -> bool:

@@ -1,7 +1,7 @@
 """Token-id models: the embedding path from integer inputs to the first layer.
 
 A text model starts from integer ids, not from a float input: the planner's
-data path (`qat.quantize.plan.graph.GraphView`) also starts at
+data path (`qat.quantize.plan.model.graph.GraphView`) also starts at
 
 * embedding lookups: a gather of a float parameter (a variable read or a
   constant, the table) along axis 0 by integer indices (`tf.gather`,
@@ -29,7 +29,7 @@ from qat.engine import marks
 from qat.matching import layer_patterns
 from qat.matching import tensors
 from qat.prepare.resource_gathers import RESOURCE_GATHER_TYPES
-from qat.quantize.plan import feeds
+from qat.quantize.plan.model import feeds
 
 GATHER_TYPES = frozenset(["GatherV2", "Gather"])
 
@@ -84,7 +84,7 @@ def _from_integer_input(t: tf.Tensor, depth: int = 12) -> bool:
 
     Back through integer tensors to an op with none: a feed (a placeholder,
     an iterator, a queue's dequeue: an op with no float operand that is not
-    a parameter, `qat.quantize.plan.feeds`); ids computed from constants or
+    a parameter, `qat.quantize.plan.model.feeds`); ids computed from constants or
     shapes (`tf.range`) or from float data (an argmax) are not inputs.
     """
     params = feeds.Parameters()

@@ -6,7 +6,7 @@ the converted model with exactly that scale and zero point (range survival,
 static shapes and constants as well as op types: where it removes an op, the
 range qat put on that op's output has no TFLite tensor, and the next layer
 reads values on its input's grid instead. So such an op gets no range of its
-own: the planner treats it as a same-scale op (`Planner._same_scale`), whose
+own: the planner treats it as a same-scale op (`RangeReader.same_scale`), whose
 output has its input's range, exactly as the converter computes it.
 
 What TF 2.21's converter (`TFLiteConverter.from_session`, uint8 and int8)
@@ -41,7 +41,7 @@ same-scale op (`is_constant_select`), whose output gets a FakeQuant reading
 x's range so the eval graph rounds c as TFLite does.
 
 Clamps by a constant written with `tf.maximum` / `tf.minimum`
-(`qat.quantize.plan.clamps`): `Maximum(x, 0)` is a RELU, fused like one; other
+(`qat.quantize.plan.ops.clamps`): `Maximum(x, 0)` is a RELU, fused like one; other
 clamps run in their input's scale (same-scale ops).
 
 Where a shape or a constant is not known statically (a dynamic spatial size,
@@ -54,7 +54,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
-from qat.quantize.plan import clamps
+from qat.quantize.plan.ops import clamps
 
 # Element-wise ops the converter removes when the constant operand is
 # neutral: op type -> (neutral value, whether the constant may be operand 0).

@@ -30,7 +30,7 @@ import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
 from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
-from qat.quantize.plan import op_table
+from qat.quantize.plan.ops import op_table
 
 DROPOUT = OpTypePattern("Select|SelectV2", name="dropout", inputs=[
     OpTypePattern("GreaterEqual", name="keep_mask", inputs=["*", "*"]),

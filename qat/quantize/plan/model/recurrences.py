@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import tensorflow as tf
 
 from qat.matching import tensors
-from qat.quantize.plan import patterns as qp
+from qat.quantize.plan.ops import patterns as qp
 
 # Ops a weight is read through: one variable however often it is read.
 _READ_TYPES = frozenset(["Identity", "ReadVariableOp", "Cast"])

@@ -7,12 +7,12 @@ None of them is a model op, and none is a model output left float: what
 they compute ends in a summary, a print, an assert or a variable update
 (a metric's count, a moving average) and nowhere else. `find_observers` finds
 them by structure (op types, and which ops read which), so the planner gives
-them no "left float" entry (`qat.quantize.plan.boundary`).
+them no "left float" entry (`qat.quantize.plan.model.boundary`).
 
 An op is an observer when
 
 * it is an observation sink (`SINK_TYPES`: summaries, Assert, PrintV2) or a
-  variable update (`qat.quantize.plan.patterns.is_state_update`);
+  variable update (`qat.quantize.plan.ops.patterns.is_state_update`);
 * it checks or prints a value on the way (`PASS_THROUGH_TYPES`: Print,
   CheckNumerics), or is the Identity such a check orders (what
   `tf.debugging.assert_all_finite` returns), and only observers read it, if
@@ -34,7 +34,7 @@ from typing import Iterable, Set
 
 import tensorflow as tf
 
-from qat.quantize.plan import patterns as qp
+from qat.quantize.plan.ops import patterns as qp
 
 # Ops that consume what they watch and compute nothing the model reads.
 SINK_TYPES = frozenset([

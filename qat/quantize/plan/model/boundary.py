@@ -8,14 +8,14 @@ moved into the loss (issue #33). A quantizer on loss arithmetic changes the
 gradients QAT trains with and nothing in the integer model corresponds to
 it; a model output whose range moved into the loss has none in the export
 graph. So the boundary is computed once, here, and every planner rule
-respects it (`op in planner.model`): nothing outside the model gets a range,
+respects it (`op in view.model`): nothing outside the model gets a range,
 and every model output keeps its own, in training, eval and export graphs
 alike.
 
 The model (`GraphView.model`) is
 
 * the layers, their tails and what computes their data inputs, from the
-  model sources on (`GraphView.model_ops`; `qat.quantize.plan.feeds`);
+  model sources on (`GraphView.model_ops`; `qat.quantize.plan.model.feeds`);
 * after the last layers, ops that carry a model tensor on as the model does
   whatever reads them (`STEP`): activations, fixed-range ops, same-scale
   ops, batch norms, reductions that keep the batch axis (a global pool),
@@ -39,7 +39,7 @@ the model's outputs where something other than the loss reads their result
 (`predictions = logits * 3 + 0.5` in an export graph): they stay float after
 the model's last range, and the planner names them in `left_float`
 (docs/known_limits.md). Observers (`GraphView.observers`,
-`qat.quantize.plan.observers`: summaries, prints, asserts, metric updates and
+`qat.quantize.plan.model.observers`: summaries, prints, asserts, metric updates and
 what only they read) are neither: no range, no `left_float` entry.
 """
 import dataclasses
@@ -52,10 +52,10 @@ from tensorflow.python.framework import tensor_util
 from qat.engine import function_graphs
 from qat.engine import marks
 from qat.matching import tensors
-from qat.quantize.plan import feeds
-from qat.quantize.plan import observers as observers_lib
-from qat.quantize.plan import op_table
-from qat.quantize.plan import patterns as qp
+from qat.quantize.plan.model import feeds
+from qat.quantize.plan.model import observers as observers_lib
+from qat.quantize.plan.ops import op_table
+from qat.quantize.plan.ops import patterns as qp
 
 STEP = "step"
 ARITHMETIC = "arithmetic"
@@ -212,7 +212,7 @@ def find_boundary(view, tail_ops: Set[tf.Operation],
     """Sets `view.model`, `view.loss` and `view.after_model` (see above).
 
     Args:
-      view: the `GraphView` (a `Planner`).
+      view: the `GraphView` (a planner's `view`).
       tail_ops: the layers' tails (walked without the boundary).
       whole_activations: output op of an activation written as several ops -> its input.
       interiors: output op of such an activation -> the ops inside it.

@@ -83,6 +83,10 @@ SAME_SCALE_TYPES = frozenset([
 
 # Outputs that need their own range besides layer outputs.
 CONCAT_TYPES = frozenset(["ConcatV2", "Concat"])
+# Ops whose inputs and output TFLite keeps in one scale (CONCATENATION, PACK,
+# SELECT_V2 of two values): they and what they read share one range
+# (`qat.quantize.plan.ranges.shared_ranges`).
+GROUP_SCALE_TYPES = frozenset(["ConcatV2", "Concat", "Pack", "Select", "SelectV2"])
 MEAN_TYPES = frozenset(["Mean"])
 
 # Loss kernels: what they read is a model output (the logits), what they

@@ -1,4 +1,4 @@
-"""The planner's weight ranges (a mixin of `Planner`).
+"""The weight ranges of layers.
 
 Every layer's weights get one last-value range, `<layer scope>/weights_quant`,
 read by the layer (or by the training fold's unscale Mul in front of it);
@@ -11,32 +11,46 @@ from typing import List
 import tensorflow as tf
 
 from qat.matching import layer_patterns
-from qat.quantize.plan import patterns as qp
-from qat.quantize.plan import graph as plan_graph
+from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.ops import patterns as qp
+from qat.quantize.plan.ranges import book as book_lib
 
 
-class WeightPlanning(object):
-    """Mixin of `qat.quantize.plan.Planner` (uses its state and `_plan`)."""
+class WeightRules(object):
+    """Plans the weight ranges of layers.
+
+    Args:
+      view: the graph's `GraphView` (its gradient ops).
+      book: the `PlanBook` the ranges are planned into (`weight_plans`).
+      settings: the pass's `PlanSettings` (per channel or not).
+    """
+
+    def __init__(self, view: plan_graph.GraphView, book: book_lib.PlanBook,
+                 settings: book_lib.PlanSettings):
+        self.view = view
+        self.book = book
+        self.settings = settings
 
     def _weight_readers(self, w: tf.Tensor) -> List[tf.Operation]:
         """Layers reading weights `w`, or the training fold's unscale Mul
         (`layer_patterns.UNSCALED_WEIGHTS`) they read `w` through."""
         def reads(c):
             return c.type in qp.LAYER_TYPES and c.inputs[1] is w
-        return [c for c in w.consumers() if c not in self.gradient_ops and (
+        return [c for c in w.consumers() if c not in self.view.gradient_ops and (
             reads(c) or c.type == "Mul" and any(
                 op.type in layer_patterns.FOLDABLE_TYPES
                 and layer_patterns.weight_input(op) is w
                 for op in c.outputs[0].consumers()))]
 
     def plan_weights(self, layer: tf.Operation) -> None:
+        """The range of `layer`'s weights, or `layer` as a reader of a planned one."""
         # Input 1 for every layer type; w*s behind the fold's unscale Mul.
         w = layer_patterns.weight_input(layer)
         if plan_graph.is_quantized_output(w):
             return
         # Reads of one resource variable are one weight: quantized once.
         key = w.op.inputs[0] if w.op.type == "ReadVariableOp" else w
-        shared = self.weight_plans.get(key)
+        shared = self.book.weight_plans.get(key)
         if shared is not None:
             if shared.tensor is not w and layer not in shared.weight_sharers:
                 shared.weight_sharers.append(layer)
@@ -44,12 +58,12 @@ class WeightPlanning(object):
         sharing = self._weight_readers(w)
         # Per channel means along the output channels, the last axis of the
         # weights (depthwise: reshaped in _spec); not for transposed layouts.
-        per_channel = (self.per_channel and w.shape.rank in (2, 4)
+        per_channel = (self.settings.per_channel and w.shape.rank in (2, 4)
                        and layer.type not in qp.TRANSPOSED_CONV_TYPES
                        and not (layer.type == "MatMul"
                                 and (layer.get_attr("transpose_b")
-                                     or not self.per_channel_matmul)))
-        if self._plan(w, plan_graph.context(layer), "weights_quant", -6.0, sharing,
-                      is_weight=True, per_channel=per_channel):
-            self.plans[w].depthwise = layer.type == "DepthwiseConv2dNative"
-            self.weight_plans[key] = self.plans[w]
+                                     or not self.settings.per_channel_matmul)))
+        if self.book.plan(w, plan_graph.context(layer), "weights_quant", -6.0, sharing,
+                          is_weight=True, per_channel=per_channel):
+            self.book.plans[w].depthwise = layer.type == "DepthwiseConv2dNative"
+            self.book.weight_plans[key] = self.book.plans[w]

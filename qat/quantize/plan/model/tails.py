@@ -7,7 +7,7 @@ training tail, and before whatever else follows (a pool, a squeeze, a
 residual add, the loss). `LayerTails.walk_tail` finds that tensor by
 structure, the same in training and eval graphs.
 """
-from typing import Optional, Set, Tuple
+from typing import Callable, Dict, Optional, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -17,8 +17,8 @@ from qat.engine import marks
 from qat.matching import layer_patterns
 from qat.matching import tensors
 from qat.matching.tensors import forward_closure
-from qat.quantize.plan import feeds
-from qat.quantize.plan import patterns as qp
+from qat.quantize.plan.model import feeds
+from qat.quantize.plan.ops import patterns as qp
 
 def is_float(t: tf.Tensor) -> bool:
     """Whether FakeQuant can quantize `t` (float16 / bfloat16 through float32).
@@ -95,8 +95,23 @@ def _restores_rank(op: tf.Operation, rank: Optional[int]) -> bool:
 
 
 class LayerTails(object):
-    """Mixin of `qat.quantize.plan.graph.GraphView` (uses `is_data`, `params`,
-    `gradient_ops`, `unfused_batch_norm_matches`)."""
+    """Walks the tails of one graph's layers, given what it reads off the graph.
+
+    Args:
+      is_data: whether a tensor is model data (`GraphView.is_data`).
+      params: the parameter test of the graph (`feeds.Parameters`).
+      gradient_ops: the gradient computation's ops (never in a tail).
+      unfused_batch_norm_matches: batch norms written as arithmetic: final
+        add -> its match (`GraphView.unfused_batch_norm_matches`).
+    """
+
+    def __init__(self, is_data: Callable[[tf.Tensor], bool], params: feeds.Parameters,
+                 gradient_ops: Set[tf.Operation],
+                 unfused_batch_norm_matches: Dict[tf.Operation, object]):
+        self.is_data = is_data
+        self.params = params
+        self.gradient_ops = gradient_ops
+        self.unfused_batch_norm_matches = unfused_batch_norm_matches
 
     def walk_tail(self, layer: tf.Operation, stop=frozenset()
                   ) -> Tuple[Set[tf.Operation], Optional[tf.Tensor]]:
@@ -106,7 +121,7 @@ class LayerTails(object):
         every input it has comes from the tail or is a parameter (a float
         operand that is not data but a label or target is neither), so
         residual adds and `labels * logits` never join. The tail then
-        ends at a bias add or batch norm (`qat.quantize.plan.patterns.is_tail_end`):
+        ends at a bias add or batch norm (`qat.quantize.plan.ops.patterns.is_tail_end`):
         a Squeeze, Reshape or Identity after it reads the layer output, so
         training and eval graphs put the layer's one range at the same op
         whatever follows it.

@@ -16,8 +16,8 @@ import tensorflow as tf
 from qat.engine import marks
 from qat.matching import batch_norm as batch_norm_lib
 from qat.matching import layer_patterns
-from qat.quantize.plan import converter_rewrites
-from qat.quantize.plan import graph as plan_graph
+from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.ops import converter_rewrites
 
 _PASS_THROUGH = frozenset(["Identity", "Reshape", "Squeeze", "ExpandDims",
                            "BatchToSpaceND", "SpaceToBatchND"])
@@ -150,7 +150,7 @@ def layer_bias(planner, layer: tf.Operation) -> Optional[LayerBias]:
     A path with anything else (a functional cond, a multiply after the
     bias) gives None: the precondition is not enforced there.
     """
-    tail, out = planner.tails.get(layer), planner.outputs.get(layer)
+    tail, out = planner.layout.tails.get(layer), planner.layout.outputs.get(layer)
     if tail is None or out is None or out.op not in tail:
         return None
     path = within(out.op, tail, forward=False) - {layer}
@@ -227,15 +227,17 @@ def _fold_scale(layer: tf.Operation) -> Optional[tf.Tensor]:
 def layer_output(planner, layer: tf.Operation) -> Optional[tf.Tensor]:
     """The tensor TFLite's layer op writes: its tail's output after the constant
     adds the converter folds into the bias (None when the layer has none)."""
-    out = planner.outputs.get(layer)
+    layout = planner.layout
+    out = layout.outputs.get(layer)
     if out is None:
         return None
-    tail = planner.tails[layer]
+    tail = layout.tails[layer]
     for _ in range(100):
-        readers = planner.final_readers(out, tail)
-        if (len(readers) != 1 or readers[0] not in planner.tail_ops
-                or readers[0] in planner.tails
-                or not converter_rewrites.folded_bias_add(readers[0], out, planner.is_data)):
+        readers = planner.reader.final_readers(out, tail)
+        if (len(readers) != 1 or readers[0] not in planner.layout.tail_ops
+                or readers[0] in planner.layout.tails
+                or not converter_rewrites.folded_bias_add(readers[0], out,
+                                                          planner.view.is_data)):
             return out
         out = readers[0].outputs[0]
     return out
@@ -243,13 +245,14 @@ def layer_output(planner, layer: tf.Operation) -> Optional[tf.Tensor]:
 
 def _folded_constant_adds(planner, out: tf.Tensor, tail) -> Optional[List[Tuple[tf.Tensor, float]]]:
     """The constants added after the layer output that the converter folds into its bias
-    (as `StructurePlanning._fold_constant_adds` found them)."""
+    (as `RangeRules.fold_constant_adds` found them)."""
     terms = []
     for _ in range(100):
-        readers = planner.final_readers(out, tail)
-        if (len(readers) != 1 or readers[0] not in planner.tail_ops
-                or readers[0] in planner.tails
-                or not converter_rewrites.folded_bias_add(readers[0], out, planner.is_data)):
+        readers = planner.reader.final_readers(out, tail)
+        if (len(readers) != 1 or readers[0] not in planner.layout.tail_ops
+                or readers[0] in planner.layout.tails
+                or not converter_rewrites.folded_bias_add(readers[0], out,
+                                                          planner.view.is_data)):
             return terms
         op = readers[0]
         term = _bias_term(op, {out.op})

@@ -2,7 +2,7 @@
 
 `find_requirements(planner)` walks a planned graph and returns one
 `Requirement` per op whose TFLite kernel has a precondition in
-`qat.quantize.plan.kernel_preconditions.PRECONDITIONS`:
+`qat.quantize.plan.kernels.kernel_preconditions.PRECONDITIONS`:
 
 * HARD_SWISH (a multi-op activation of `activation_patterns`): its output
   range, relative to its input's range;
@@ -32,11 +32,11 @@ import tensorflow as tf
 
 from qat.matching import layer_patterns
 from qat.matching import tensors
-from qat.quantize.plan import activation_patterns
-from qat.quantize.plan import graph as plan_graph
-from qat.quantize.plan import kernel_preconditions as kp
-from qat.quantize.plan import layer_bias as layer_bias_lib
-from qat.quantize.plan import patterns as qp
+from qat.quantize.plan.kernels import kernel_preconditions as kp
+from qat.quantize.plan.kernels import layer_bias as layer_bias_lib
+from qat.quantize.plan.model import graph as plan_graph
+from qat.quantize.plan.ops import activation_patterns
+from qat.quantize.plan.ops import patterns as qp
 
 # A range: a plan of this call (`qat.quantize.plan.Plan`) or a FakeQuant op.
 RangeSource = Union["object", tf.Operation]
@@ -88,7 +88,7 @@ def fake_quant_op(t: tf.Tensor) -> Optional[tf.Operation]:
 
 def _range_at(planner, t: tf.Tensor) -> Optional[RangeSource]:
     """The range `t` itself has (no walk back): its plan or its FakeQuant."""
-    plan = planner.plans.get(t)
+    plan = planner.book.plans.get(t)
     if plan is not None:
         return plan
     if plan_graph.is_quantized_output(t):
@@ -99,14 +99,14 @@ def _range_at(planner, t: tf.Tensor) -> Optional[RangeSource]:
 
 def _range_of(planner, t: tf.Tensor) -> Optional[RangeSource]:
     """The range TFLite reads `t` with (back through same-scale ops)."""
-    return _range_at(planner, planner._source(t))  # pylint: disable=protected-access
+    return _range_at(planner, planner.reader.source(t))
 
 
 def _fused_activation(planner, out: tf.Tensor) -> Optional[tf.Operation]:
     """The activation TFLite fuses into the op writing `out` (one, or the first
     of identical ones the converter keeps as one, which share its range)."""
-    readers = planner.final_readers(out)
-    if readers and all(r in planner.fused for r in readers):
+    readers = planner.reader.final_readers(out)
+    if readers and all(r in planner.book.fused for r in readers):
         return readers[0]
     return None
 
@@ -126,7 +126,7 @@ def _layer_output_range(planner, layer: tf.Operation) -> Optional[RangeSource]:
     out = layer_bias_lib.layer_output(planner, layer)
     if out is None:
         return None
-    tail = planner.tails[layer]
+    tail = planner.layout.tails[layer]
     for _ in range(10):
         found = _range_at(planner, out)
         if found is not None:
@@ -146,7 +146,7 @@ def _input_ranges(planner, op: tf.Operation) -> Tuple[RangeSource, ...]:
     for t in op.inputs:
         if not plan_graph.is_float(t):
             continue
-        r = _range_of(planner, t) if planner.is_data(t) else _range_at(planner, t)
+        r = _range_of(planner, t) if planner.view.is_data(t) else _range_at(planner, t)
         if r is not None and not any(r is f for f in found):
             found.append(r)
     return tuple(found)
@@ -169,17 +169,18 @@ def find_requirements(planner) -> List[Requirement]:
                 isinstance(constrained, tf.Operation) and constrained.type not in FAKE_QUANT_TYPES):
             found.append(Requirement(precondition, op, constrained, **kwargs))
 
-    skip = planner.tail_ops | planner.interior | planner.fused | set(planner.looked_through)
-    for op in sorted(planner.data_ops, key=lambda o: o._id):  # pylint: disable=protected-access
-        if op in planner.loss or not planner._in_scope(op):  # pylint: disable=protected-access
+    view, layout = planner.view, planner.layout
+    skip = layout.tail_ops | layout.interior | planner.book.fused | set(layout.looked_through)
+    for op in sorted(view.data_ops, key=lambda o: o._id):  # pylint: disable=protected-access
+        if op in view.loss or not planner.settings.in_scope(op):
             continue
-        if op in planner.whole_activations:
+        if op in layout.whole_activations:
             match = activation_patterns.match_whole_activation(op)
             if match is not None and match[0].tflite_op == "HARD_SWISH":
-                x = _range_of(planner, planner.whole_activations[op])
+                x = _range_of(planner, layout.whole_activations[op])
                 if x is not None:
                     add(kp.HARD_SWISH, op, _output_range(planner, op), ranges=(x,))
-        elif op in planner.tails:
+        elif op in layout.tails:
             weights = _weight_range(planner, op)
             x = _range_of(planner, qp.data_input(op))
             bias = layer_bias_lib.layer_bias(planner, op)
@@ -188,7 +189,7 @@ def find_requirements(planner) -> List[Requirement]:
             if weights is not None and x is not None:
                 add(kp.BIAS_SCALE, op, _layer_output_range(planner, op), ranges=(x,),
                     weights=weights)
-        elif op in skip or planner._same_scale(op):  # pylint: disable=protected-access
+        elif op in skip or planner.reader.same_scale(op):
             continue
         elif op.type in kp.ADD.applies_to + kp.SQUARED_DIFFERENCE.applies_to:
             inputs = _input_ranges(planner, op)
@@ -202,10 +203,10 @@ def _weight_range(planner, layer: tf.Operation) -> Optional[RangeSource]:
     w = layer_patterns.weight_input(layer)
     if plan_graph.is_quantized_output(w):
         return fake_quant_op(w)
-    plan = planner.plans.get(w)
+    plan = planner.book.plans.get(w)
     if plan is None:
         key = w.op.inputs[0] if w.op.type == "ReadVariableOp" else w
-        plan = planner.weight_plans.get(key)
+        plan = planner.book.weight_plans.get(key)
     if plan is None:
         out, _ = plan_graph.existing_quantizer(w)
         return fake_quant_op(out) if out is not None else None
@@ -291,7 +292,7 @@ def _lag_cycles(planner, plans: List) -> None:
                 for s in req.sources() if not isinstance(s, tf.Operation))
         return grouped[key]
 
-    order = _topological_positions(planner.data_ops)
+    order = _topological_positions(planner.view.data_ops)
     latest: Dict[int, int] = {}  # id(plan) -> the latest position its bounds learn from.
 
     def latest_statistics(plan) -> int:
@@ -320,7 +321,7 @@ def _lag_cycles(planner, plans: List) -> None:
             late = [t.op for r in _reach(req) for t in [r.tensor] + list(r.members)
                     if order.get(t.op, -1) > first]
             if down is None:
-                down = layer_bias_lib.within(starts, planner.data_ops, forward=True)
+                down = layer_bias_lib.within(starts, planner.view.data_ops, forward=True)
             if any(op in down for op in late):
                 plan.requirements[k] = dataclasses.replace(req, lagged=True)
 
