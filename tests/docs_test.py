@@ -61,6 +61,8 @@ _EPILOGUES = {
         assert os.path.getsize(int8.path) > 0
         assert int8.parity.top1_agreement >= 0.99, int8.parity.format()
         assert int8.report.op_counts()["CONV_2D"] == 1, int8.report.op_counts()
+        assert keras_int8.path == "qat_keras_example/model_int8.tflite", keras_int8.path
+        assert not export.find_float_ops(keras_int8.report), keras_int8.path
     """,
     "docs/getting_started.md": """
         assert sorted(models) == ["int8", "uint8"], sorted(models)
@@ -90,10 +92,13 @@ _EPILOGUES = {
             assert _exported.parity.top1_agreement >= 0.99, _exported.parity.format()
             assert not export.find_float_ops(_exported.report), _exported.path
         assert isinstance(qm, keras.Model) and isinstance(qtiny, qat.tf2.QuantizedModule)
+        assert strategy.num_replicas_in_sync == 2, strategy.num_replicas_in_sync   # the prologue's two CPUs
         assert [id(v) for v in qnet.trainable_variables] == [id(v) for v in net.trainable_variables]
     """,
     "docs/recurrent_models.md": """
         assert not export.find_float_ops(kws_int8.report), kws_int8.path
+        assert not export.find_float_ops(kws_io.report), kws_io.path
+        assert [io.tensors[i].dtype for i in io.inputs + io.outputs] == [np.int8, np.int8]
         assert sorted(exported) == ["int8", "uint8"], sorted(exported)
         for _flavour, _result in exported.items():
             assert not export.find_float_ops(_result.report), _flavour
