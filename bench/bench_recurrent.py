@@ -1,7 +1,7 @@
-"""Recurrent models of the digit rows, float and QAT, exported int8 (issue #38).
+"""Recurrent models of the digit rows, float and QAT, exported int8.
 
 The UCI digits read as sequences (8 rows of 8 features), classified by a
-recurrent layer of `--units` units and a dense head. Two measurements:
+recurrent layer of `--units` units and a dense head. Three measurements:
 
 * `--measure=forms` (default): for each form (`--forms`), a float model is
   trained `--float_steps` Adam steps, then fine-tuned with QAT
@@ -15,10 +15,14 @@ recurrent layer of `--units` units and a dense head. Two measurements:
   the loop variables, the step input read by a gather), converted by TF's
   converter: float ops, model size, invoke time (batch 1 and 256, LiteRT
   reference kernels) and the output's difference from the TF function.
+* `--measure=int16`: the unrolled cell of `--measure=loops` converted in TF's
+  16x8 mode (int16 activations, int8 weights), without and with a
+  representative dataset: whether it converts, or the converter's errors.
 
   .venv/bin/python bench/bench_recurrent.py
   .venv/bin/python bench/bench_recurrent.py --forms=k3_lstm,tf1_static_gru --float_steps=300
   .venv/bin/python bench/bench_recurrent.py --measure=loops --steps_per_sequence=8,49
+  .venv/bin/python bench/bench_recurrent.py --measure=int16
 """
 import math
 import os
@@ -37,13 +41,14 @@ FLAGS = flags.FLAGS
 FORMS = ("k3_gru_unroll", "k3_lstm_unroll", "k3_lstm", "k3_gru", "k3_simple_rnn",
          "k3_bidirectional", "tf1_static_lstm", "tf1_static_gru", "tf1_dynamic_lstm",
          "tf1_dynamic_gru", "tf1_dynamic_lstm_v1")
-flags.DEFINE_enum("measure", "forms", ["forms", "loops"], "What to measure.")
+flags.DEFINE_enum("measure", "forms", ["forms", "loops", "int16"], "What to measure.")
 flags.DEFINE_list("forms", list(FORMS), f"Forms to train and export, of {', '.join(FORMS)}.")
 flags.DEFINE_integer("units", 32, "Units of the recurrent layers.")
 flags.DEFINE_integer("float_steps", 1500, "Float training steps (batch 32, Adam 3e-3).")
 flags.DEFINE_integer("qat_steps", 500, "QAT fine-tuning steps (Adam 3e-4).")
 flags.DEFINE_integer("seed", 0, "Seed of the weights and the batches.")
-flags.DEFINE_list("steps_per_sequence", ["8", "49"], "--measure=loops: sequence lengths.")
+flags.DEFINE_list("steps_per_sequence", ["8", "49"],
+                  "--measure=loops and int16: sequence lengths.")
 
 
 def main(_):
@@ -52,6 +57,11 @@ def main(_):
         for steps in FLAGS.steps_per_sequence:
             for line in models.loop_forms(int(steps), FLAGS.units):
                 print(line, flush=True)
+        return
+    if FLAGS.measure == "int16":
+        for steps in FLAGS.steps_per_sequence:
+            for line in models.int16_conversions(int(steps), FLAGS.units):
+                print(f"{steps} steps, {line}", flush=True)
         return
     print(f"digit rows: 8 steps of 8 features, {FLAGS.units} units; float {FLAGS.float_steps} "
           f"steps, QAT {FLAGS.qat_steps} steps")

@@ -1,7 +1,10 @@
-"""qat: quantization-aware training for TensorFlow 2 graph-mode models.
+"""qat: quantization-aware training for TF 2.21 graphs, Keras 3 and TF 2 code, to integer TFLite.
 
-`tf.contrib.quantize` and `tf.contrib.graph_editor` for `tf.compat.v1` graphs,
-rebuilt on TensorFlow 2.21. The stages a graph passes through, one room each
+Two ways in, one engine: `tf.compat.v1` graphs (`create_training_graph` /
+`create_eval_graph`, `tf.contrib.quantize`'s API, and `qat.graph_editor`,
+`tf.contrib.graph_editor`'s), and TF 2 code (`quantize_model`): Keras 3 and
+tf_keras models, `tf.GradientTape` loops in `tf.function`s, `tf.Module`s.
+The stages a graph passes through, one room each
 (docs/architecture.md, "Layout"), over graph_editor, engine and matching:
 
   prepare -> fold -> quantize.plan -> quantize.emit (distribute: replicas)
@@ -10,7 +13,11 @@ rebuilt on TensorFlow 2.21. The stages a graph passes through, one room each
   -> report (`from qat import report`: coverage, per-layer numerics,
      TensorBoard range summaries, plots with the optional matplotlib)
 
-The public rewrite API below keeps contrib's names and signatures.
+The public rewrite API below keeps contrib's names and signatures. The
+errors a rewrite raises for a recurrent loop it cannot unroll
+(`UnrollError`, `UnknownStepsError`) and for a TF 2 model whose later call
+builds layers the first trace did not have (`UnplannedRangeError`) are
+exported here to be caught.
 """
 
 __version__ = "0.1.0"
@@ -24,7 +31,10 @@ from qat.api import experimental_create_eval_graph
 from qat.api import experimental_create_training_graph
 from qat.api import fold_batch_norms
 from qat.api import insert_quant_ops
+from qat.prepare.loops import UnknownStepsError
+from qat.prepare.loops import UnrollError
 from qat.tf2 import quantize_model
+from qat.tf2.ranges import UnplannedRangeError
 
 __all__ = [
     "__version__",
@@ -38,4 +48,7 @@ __all__ = [
     "fold_batch_norms",
     "insert_quant_ops",
     "quantize_model",
+    "UnknownStepsError",
+    "UnplannedRangeError",
+    "UnrollError",
 ]

@@ -10,16 +10,31 @@
   flags that tool defines (absl flags, read by importing the tool in a
   subprocess); tools/test takes Bazel targets, which must be test files of
   tests/, and Bazel flags, which are not checked;
-- every relative link of a file points to a file that exists.
+- every relative link of a file points to a file that exists;
+- every `qat.<name>` a file writes (prose, code spans, any block; in python
+  blocks also through `from qat import export`-style aliases) is documented
+  in docs/api.md: a section (`qat.export`) or an entry of one
+  (`qat.export.export_model`); a guide points to internals by file path
+  (`qat/prepare/loops.py`), not by a dotted name a reader would import;
+- no file names one of the project's own issues (`#12`, "issue 33"): readers
+  do not see the tracker (TensorFlow's, `tensorflow#26664`, are theirs);
+- each ```python block of README.md runs on its own: it uses no name that
+  only an earlier block defines.
+
+docs/architecture.md (for contributors, who use the internal names and the
+tracker) and docs/api.md (generated) are left out of the name and issue
+checks.
 
 One test method per Markdown file, so Bazel shards split them.
 """
+import ast
 import functools
 import glob
 import json
 import os
 import re
 import subprocess
+import symtable
 import sys
 import tempfile
 import textwrap
@@ -46,6 +61,8 @@ _EPILOGUES = {
         assert os.path.getsize(int8.path) > 0
         assert int8.parity.top1_agreement >= 0.99, int8.parity.format()
         assert int8.report.op_counts()["CONV_2D"] == 1, int8.report.op_counts()
+        assert keras_int8.path == "qat_keras_example/model_int8.tflite", keras_int8.path
+        assert not export.find_float_ops(keras_int8.report), keras_int8.path
     """,
     "docs/getting_started.md": """
         assert sorted(models) == ["int8", "uint8"], sorted(models)
@@ -75,10 +92,13 @@ _EPILOGUES = {
             assert _exported.parity.top1_agreement >= 0.99, _exported.parity.format()
             assert not export.find_float_ops(_exported.report), _exported.path
         assert isinstance(qm, keras.Model) and isinstance(qtiny, qat.tf2.QuantizedModule)
+        assert strategy.num_replicas_in_sync == 2, strategy.num_replicas_in_sync   # the prologue's two CPUs
         assert [id(v) for v in qnet.trainable_variables] == [id(v) for v in net.trainable_variables]
     """,
     "docs/recurrent_models.md": """
         assert not export.find_float_ops(kws_int8.report), kws_int8.path
+        assert not export.find_float_ops(kws_io.report), kws_io.path
+        assert [io.tensors[i].dtype for i in io.inputs + io.outputs] == [np.int8, np.int8]
         assert sorted(exported) == ["int8", "uint8"], sorted(exported)
         for _flavour, _result in exported.items():
             assert not export.find_float_ops(_result.report), _flavour
@@ -101,8 +121,28 @@ _EPILOGUES = {
     """,
 }
 
+# Run before a file's blocks, in the same process.
+_PROLOGUES = {
+    # The MirroredStrategy section trains on every GPU, or on every logical CPU device of a machine
+    # without one: two here, made before TensorFlow starts (it refuses afterwards), so the test
+    # trains two replicas.
+    "docs/tf2_models.md": """
+        import tensorflow as _tf
+        _tf.config.set_logical_device_configuration(
+            _tf.config.list_physical_devices("CPU")[0], [_tf.config.LogicalDeviceConfiguration()] * 2)
+    """,
+}
+
 # Timeout of one file's blocks, in seconds.
 _TIMEOUT_S = 900
+
+# `qat.<dotted name>` anywhere in a file.
+_QAT_NAME = re.compile(r"(?<![\w./>-])qat(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+# One of the project's own issues: `#12`, "issue 33", "issue #33" (not `tensorflow#26664`,
+# not a link to a heading such as `#16-bit-activations-168`).
+_ISSUE_REFERENCE = re.compile(r"(?<![\w/#-])#\d+\b(?!-)|\b[Ii]ssues? #?\d+\b")
+# Files for contributors or generated, left out of the name and issue checks.
+_INTERNAL_FILES = ("docs/architecture.md", "docs/api.md")
 
 
 def markdown_files():
@@ -135,8 +175,109 @@ def python_program(relpath: str) -> str:
                      f"exec(compile({code!r}, {relpath + ':' + str(line + 1)!r}, 'exec'))\n")
     if not parts:
         return ""
+    prologue = textwrap.dedent(_PROLOGUES.get(relpath, ""))
     epilogue = textwrap.dedent(_EPILOGUES.get(relpath, ""))
-    return "import os\n" + "".join(parts) + epilogue + "\nprint('docs_test: all blocks ran')\n"
+    return ("import os\n" + prologue + "".join(parts) + epilogue
+            + "\nprint('docs_test: all blocks ran')\n")
+
+
+def documented_names(api_text: str):
+    """({section}, {entry}) of docs/api.md: `qat.export`, `qat.export.export_model`, ..."""
+    sections = set(re.findall(r"^## `(qat[\w.]*)`", api_text, re.MULTILINE))
+    entries = set(re.findall(r"^### (?:class )?`(qat[\w.]*)`", api_text, re.MULTILINE))
+    return sections, entries
+
+
+def is_documented(name: str, sections, entries) -> bool:
+    """Whether `name` is a section or entry of api.md, or an attribute of one
+    (`qat.export.ExportedModel.parity`): its longest section prefix followed by
+    the next part must be documented."""
+    if name in sections or name in entries:
+        return True
+    parts = name.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        if ".".join(parts[:k]) in sections:
+            head = ".".join(parts[:k + 1])
+            return head in entries or head in sections
+    return False
+
+
+def _dotted(node: ast.AST):
+    """`a.b.c` of an Attribute chain on a Name, as a list; None otherwise."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id] + parts[::-1]
+
+
+def qat_names_in_code(code: str):
+    """The `qat.<name>`s a python block uses, aliases resolved
+    (`from qat import export` ... `export.find_float_ops` is `qat.export.find_float_ops`)."""
+    tree = ast.parse(code)
+    aliases, names = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "qat":
+                    names.add(alias.name)
+                    if alias.asname:
+                        aliases[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "qat":
+            for alias in node.names:
+                names.add(f"{node.module}.{alias.name}")
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    inner = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and id(node) not in inner:
+            parts = _dotted(node)
+            if parts and parts[0] in aliases:
+                names.add(".".join([aliases[parts[0]]] + parts[1:]))
+            elif parts and parts[0] == "qat":
+                names.add(".".join(parts))
+    return names
+
+
+def undocumented_names(relpath: str, api_text: str):
+    """(line, name) of each `qat.<name>` of a file that docs/api.md does not document."""
+    sections, entries = documented_names(api_text)
+    text = read(relpath)
+    found = [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in _QAT_NAME.finditer(text)]
+    for line, code in blocks(text, ("python", "py")):
+        found += [(line, name) for name in sorted(qat_names_in_code(code))]
+    return sorted({(line, name) for line, name in found
+                   if not is_documented(name, sections, entries)})
+
+
+def issue_references(text: str):
+    """(line, text) of each reference to one of the project's issues."""
+    return [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in _ISSUE_REFERENCE.finditer(text)]
+
+
+def names_from_earlier_blocks(code: str):
+    """The global names a python block reads but neither binds nor imports
+    itself (builtins aside): what it needs from an earlier block."""
+    import builtins  # pylint: disable=g-import-not-at-top
+    top = symtable.symtable(code, "<block>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    wanted = set()
+
+    def visit(table, is_top):
+        for symbol in table.get_symbols():
+            if not symbol.is_referenced():
+                continue
+            if is_top and not (symbol.is_assigned() or symbol.is_imported()):
+                wanted.add(symbol.get_name())
+            elif not is_top and symbol.is_global() and not symbol.is_declared_global():
+                wanted.add(symbol.get_name())
+        for child in table.get_children():
+            visit(child, False)
+
+    visit(top, True)
+    return sorted(name for name in wanted
+                  if name not in bound and not hasattr(builtins, name))
 
 
 def command_lines(text: str):
@@ -304,6 +445,33 @@ class CheckerTest(absltest.TestCase):
         self.assertEqual(command_lines(text), [(1, "bench/bench_train_step.py --xla"),
                                                (2, "tools/property/check.py --examples=10")])
 
+    def test_undocumented_qat_names_are_found(self):
+        api = "## `qat`\n### `qat.quantize_model`\n## `qat.report`\n### class `qat.report.Plot`\n"
+        sections, entries = documented_names(api)
+        self.assertTrue(is_documented("qat.quantize_model", sections, entries))
+        self.assertTrue(is_documented("qat.report.Plot.path", sections, entries))
+        self.assertFalse(is_documented("qat.report.tf2_models", sections, entries))
+        self.assertFalse(is_documented("qat.prepare.loops.UnknownStepsError", sections, entries))
+        self.assertEqual(
+            qat_names_in_code("import qat\nfrom qat.report import tf2_models\n"
+                              "from qat import export as e\n"
+                              "tf2_models.layer_numerics_of_model(m)\ne.find_float_ops(r)\n"
+                              "qat.tf2.ranges.UnplannedRangeError\n"),
+            {"qat", "qat.report.tf2_models", "qat.report.tf2_models.layer_numerics_of_model",
+             "qat.export", "qat.export.find_float_ops", "qat.tf2.ranges.UnplannedRangeError"})
+
+    def test_issue_references_are_found(self):
+        text = ("Fixed in issue #33 (see #38, Issue 12).\n"
+                "TensorFlow's tensorflow#26664; [16x8](x.md#16-bit-activations-168); `a#1b`.\n")
+        self.assertEqual([ref for _, ref in issue_references(text)],
+                         ["issue #33", "#38", "Issue 12"])
+
+    def test_names_from_earlier_blocks_are_found(self):
+        code = ("import numpy as np\nx = np.ones(3)\n"
+                "def f(a):\n    return a + y + x\n"
+                "for k in range(2):\n    print(k, digits)\n")
+        self.assertEqual(names_from_earlier_blocks(code), ["digits", "y"])
+
     def test_commands_split_on_continuations_and_comments(self):
         text = "```sh\ntools/demo --epochs=1 \\\n    --qat_epochs=2   # comment --bogus\n```\n"
         self.assertEqual(command_lines(text), [(2, "tools/demo --epochs=1      --qat_epochs=2")])
@@ -331,6 +499,32 @@ class MarkdownTest(absltest.TestCase):
             problems += [f"{relpath}:{line}: {problem}" for problem in check_command(command)]
         self.assertEqual(problems, [])
 
+    def check_api_names(self, relpath: str):
+        if relpath in _INTERNAL_FILES:
+            return
+        problems = [f"{relpath}:{line}: `{name}` is not in docs/api.md: use a public name, or "
+                    "point to the file (qat/...py)"
+                    for line, name in undocumented_names(relpath, read("docs/api.md"))]
+        self.assertEqual(problems, [])
+
+    def check_issue_references(self, relpath: str):
+        if relpath in _INTERNAL_FILES:
+            return
+        problems = [f"{relpath}:{line}: {ref!r}: readers do not see the project's issues; "
+                    "say what the issue was about" for line, ref in issue_references(read(relpath))]
+        self.assertEqual(problems, [])
+
+    def check_blocks_run_alone(self, relpath: str):
+        """README's blocks: each a program of its own (the guides' build on each other)."""
+        if relpath != "README.md":
+            return
+        problems = []
+        for line, code in blocks(read(relpath), ("python", "py")):
+            missing = names_from_earlier_blocks(code)
+            if missing:
+                problems.append(f"{relpath}:{line}: the block uses {missing} without defining them")
+        self.assertEqual(problems, [])
+
     def run_python(self, relpath: str):
         program = python_program(relpath)
         if not program:
@@ -351,6 +545,9 @@ def _add_markdown_tests():
         def test(self, relpath=relpath):
             self.check_links(relpath)
             self.check_commands(relpath)
+            self.check_api_names(relpath)
+            self.check_issue_references(relpath)
+            self.check_blocks_run_alone(relpath)
             self.run_python(relpath)
         name = "test_" + re.sub(r"[^A-Za-z0-9]+", "_", relpath[:-len(".md")]).strip("_").lower()
         setattr(MarkdownTest, name, test)

@@ -3,7 +3,8 @@
 The UCI digits (bundled with scikit-learn) read as sequences: each image's 8
 rows are 8 steps of 8 features. `run_form` trains one form float, fine-tunes
 it with QAT and exports it; `loop_forms` measures a quantized LSTM written
-as a `tf.while_loop` against its unrolled form.
+as a `tf.while_loop` against its unrolled form; `int16_conversions` converts
+it in TF's 16x8 mode.
 """
 import math
 import os
@@ -193,9 +194,10 @@ def _row(flavour, float_accuracy, qat_accuracy, result, report, xt, yt) -> Dict:
 
 # --- A WHILE loop against its unrolled form --------------------------------------------
 
-def loop_forms(steps: int, units: int) -> List[str]:
-    """One quantized LSTM, unrolled and as a while loop, converted (see the bench)."""
-    from qat.export import inspect  # pylint: disable=import-outside-toplevel
+def _quantized_lstm(steps: int, units: int):
+    """(unrolled, looped, rng): one LSTM of `units` units over `steps` steps
+    with 8-bit FakeQuant ops where qat puts them, written unrolled and as a
+    `tf.while_loop` (functions of [batch, steps, features] inputs)."""
     rng = np.random.RandomState(0)
     kernel = rng.normal(0, 0.3, (FEATURES, 4 * units)).astype(np.float32)
     recurrent = rng.normal(0, 0.3, (units, 4 * units)).astype(np.float32)
@@ -239,6 +241,13 @@ def loop_forms(steps: int, units: int) -> List[str]:
         _, h, _ = tf.while_loop(lambda t, h, c: t < steps, body, (tf.constant(0), h, c))
         return h
 
+    return unrolled, looped, rng
+
+
+def loop_forms(steps: int, units: int) -> List[str]:
+    """One quantized LSTM, unrolled and as a while loop, converted (see the bench)."""
+    from qat.export import inspect  # pylint: disable=import-outside-toplevel
+    unrolled, looped, rng = _quantized_lstm(steps, units)
     lines = []
     samples = rng.uniform(0, 1, (256, steps, FEATURES)).astype(np.float32)
     for name, fn in (("unrolled", unrolled), ("while", looped)):
@@ -273,4 +282,32 @@ def loop_forms(steps: int, units: int) -> List[str]:
                 f"{steps} steps, {name:<8} batch {count:>3}: {len(model):>7} bytes, float ops "
                 f"{floats or 'none'}, invoke {seconds * 1e3:.2f} ms, max |TFLite - TF| "
                 f"{diff / (2 / 255):.0f} output steps")
+    return lines
+
+
+def int16_conversions(steps: int, units: int) -> List[str]:
+    """The unrolled quantized LSTM of `loop_forms` (8-bit FakeQuant ops, as qat
+    makes them) converted in TF's 16x8 mode (int16 activations, int8 weights),
+    without and with a representative dataset: what the converter says."""
+    unrolled, _, rng = _quantized_lstm(steps, units)
+    samples = rng.uniform(0, 1, (16, steps, FEATURES)).astype(np.float32)
+    concrete = tf.function(unrolled, input_signature=[
+        tf.TensorSpec([1, steps, FEATURES])]).get_concrete_function()
+    lines = []
+    for representative in (False, True):
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_ops = [
+            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+        if representative:
+            converter.representative_dataset = lambda: ([samples[k:k + 1]] for k in range(16))
+        label = f"16x8, {'a' if representative else 'no'} representative dataset:"
+        try:
+            model = converter.convert()
+        except Exception as e:  # pylint: disable=broad-except
+            errors = sorted({line.split("error: ", 1)[1] for line in str(e).splitlines()
+                             if "error: " in line})
+            lines.append(f"{label} conversion fails: {'; '.join(errors) or str(e)[-300:]}")
+            continue
+        lines.append(f"{label} converts ({len(model)} bytes)")
     return lines

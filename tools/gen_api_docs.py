@@ -5,8 +5,11 @@
 
 The public names are `qat.__all__` (its modules `qat.graph_editor`,
 `qat.gradient_checkpointing` and `qat.report` get sections of their own),
-`qat.export.__all__` and `qat.compat.__all__`. `qat.graph_editor` has no
-`__all__`: its public names are
+`qat.export.__all__`, `qat.compat.__all__` and `qat.tf2.__all__` (less what
+`qat` itself exports), with the classes of what `qat.quantize_model` returns:
+`qat.tf2.QuantizedModule` and the quantized Keras model, whose class each Keras
+gets when it is imported (documented as Keras 3's, `QuantizedKerasModel`).
+`qat.graph_editor` has no `__all__`: its public names are
 the functions and classes it re-exports from its submodules, and contrib's
 aliases. Each name gets its signature and its docstring; each class also its
 public methods and properties defined in qat. tests/docs_test.py runs the check,
@@ -51,6 +54,7 @@ _SHORT_NAMES = (
     ("tensorflow.core.protobuf.meta_graph_pb2.", "tf.compat.v1."),
     ("tensorflow.python.client.session.", "tf.compat.v1."),
     ("tensorflow.python.framework.tensor.", "tf."),
+    ("tensorflow.python.types.core.", "tf.types.experimental."),
 )
 
 
@@ -84,6 +88,24 @@ def _doc_block(obj) -> str:
     return "```text\n" + _doc(obj) + "\n```\n"
 
 
+def _members(cls) -> list:
+    """One line per public method and property `cls` itself defines."""
+    lines = []
+    for member_name, member in sorted(vars(cls).items()):
+        if member_name.startswith("_"):
+            continue
+        if isinstance(member, property):
+            lines.append(f"- property `{member_name}`"
+                         + (": " + " ".join(_doc(member).split()) if member.__doc__ else "") + "\n")
+            continue
+        if isinstance(member, (staticmethod, classmethod)):
+            member = member.__func__
+        if inspect.isfunction(member):
+            lines.append(f"- `{member_name}{_signature(member)}`"
+                         + (": " + " ".join(_doc(member).split()) if member.__doc__ else "") + "\n")
+    return lines
+
+
 def _entry(prefix: str, name: str, obj) -> list:
     qualified = f"{prefix}.{name}"
     lines = []
@@ -91,19 +113,7 @@ def _entry(prefix: str, name: str, obj) -> list:
         lines.append(f"### class `{qualified}`\n")
         lines.append(f"```\n{name}{_signature(obj)}\n```\n")
         lines.append(_doc_block(obj))
-        for member_name, member in sorted(vars(obj).items()):
-            if member_name.startswith("_"):
-                continue
-            if isinstance(member, property):
-                lines.append(f"- property `{member_name}`"
-                             + (": " + " ".join(_doc(member).split()) if member.__doc__ else "") + "\n")
-                continue
-            if isinstance(member, (staticmethod, classmethod)):
-                member = member.__func__
-            if inspect.isfunction(member):
-                lines.append(f"- `{member_name}{_signature(member)}`"
-                             + (": " + " ".join(_doc(member).split()) if member.__doc__ else "") + "\n")
-        return lines
+        return lines + _members(obj)
     lines.append(f"### `{qualified}`\n")
     if callable(obj):
         lines.append(f"```\n{name}{_signature(obj)}\n```\n")
@@ -119,6 +129,15 @@ def _section(title: str, module: types.ModuleType, names) -> list:
     for name in names:
         lines.extend(_entry(title, name, getattr(module, name)))
     return lines
+
+
+def _quantized_keras_model() -> list:
+    """The entry of Keras 3's quantized model class (not an attribute of qat.tf2:
+    each Keras gets its own class when it is imported). Users never construct
+    it, so no signature."""
+    from qat.tf2 import keras_models  # pylint: disable=g-import-not-at-top
+    cls = keras_models.model_class("keras")
+    return ["### class `QuantizedKerasModel`\n", _doc_block(cls)] + _members(cls)
 
 
 def _graph_editor_names(ge) -> list:
@@ -139,6 +158,7 @@ def generate() -> str:
     import qat  # pylint: disable=g-import-not-at-top
     from qat import compat  # pylint: disable=g-import-not-at-top
     from qat import export  # pylint: disable=g-import-not-at-top
+    from qat import tf2  # pylint: disable=g-import-not-at-top
 
     modules = {name: getattr(qat, name) for name in qat.__all__
                if isinstance(getattr(qat, name), types.ModuleType)}
@@ -154,6 +174,8 @@ def generate() -> str:
         ("qat.export", export, list(export.__all__)),
         ("qat.compat", compat, list(compat.__all__)),
         ("qat.report", report, list(report.__all__)),
+        ("qat.tf2", tf2, [name for name in tf2.__all__
+                          if getattr(tf2, name) is not getattr(qat, name, None)]),
         ("qat.graph_editor", ge, _graph_editor_names(ge)),
         ("qat.gradient_checkpointing", checkpointing,
          list(getattr(checkpointing, "__all__", None) or
@@ -165,6 +187,8 @@ def generate() -> str:
                                           for title, _, _ in sections) + ".\n")
     for title, module, names in sections:
         lines.extend(_section(title, module, names))
+        if module is tf2:
+            lines.extend(_quantized_keras_model())
     text = "\n".join(line.rstrip("\n") + "\n" for line in lines)
     text = "\n".join(line.rstrip() for line in text.split("\n"))
     return text.rstrip("\n") + "\n"

@@ -46,11 +46,24 @@ FIX = ("give the model a static sequence length: keras.Input((steps, features)),
 
 
 class UnrollError(ValueError):
-    """A recurrent loop the unroller cannot unroll; the graph is unchanged."""
+    """A recurrent loop qat cannot unroll; the graph (or model) is unchanged.
+
+    Raised by the rewrites (`create_training_graph`, `create_eval_graph`, ...)
+    and by `quantize_model` for a loop whose body computes a layer but calls
+    functions (a loop in the loop, a `tf.cond` in the cell) or uses a list op
+    the unroller does not know; `UnknownStepsError`, a subclass, for one whose
+    number of steps is not static. The message names the loop.
+    """
 
 
 class UnknownStepsError(UnrollError):
-    """A recurrent loop whose number of steps is not known when the graph is built."""
+    """A recurrent loop whose number of steps is not known when the graph is built.
+
+    A sequence length given at run time (`keras.Input((None, features))`)
+    cannot be unrolled: give the model a static one (the batch may stay
+    None). Also raised for a loop of more than 10,000 steps. The message
+    names the loop and why its length is unknown.
+    """
 
 
 def recurrent_loops(graph: tf.Graph, library=None) -> List[loops.Loop]:

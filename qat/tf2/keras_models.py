@@ -39,11 +39,18 @@ def _methods(base, saving):
     is that Keras's saving module."""
 
     class QuantizedKerasModel(base):
-        """A Keras model with qat's rewrites (from `qat.quantize_model`).
+        """A Keras model with qat's rewrites: what `qat.quantize_model` returns for one.
 
         `qm(x, training=True)` runs the training rewrite, `training=False` (the
         default, and what `evaluate` / `predict` use) the eval rewrite; `fit`
-        trains the model's own weights and learns the ranges.
+        trains the model's own weights and learns the ranges. `compile`,
+        `evaluate`, `predict`, `save_weights` / `load_weights`, `save("x.keras")`
+        and `keras.models.load_model` work as on any Keras model.
+
+        Keras 3 and tf_keras each get their own class, made when that Keras is
+        imported and registered with it as `qat>QuantizedKerasModel`
+        (`keras.saving.get_registered_object("qat>QuantizedKerasModel")`); users
+        never construct it.
         """
 
         def __init__(self, model, call: calls.ModelCall,
@@ -100,8 +107,15 @@ def _methods(base, saving):
             return history
 
         def skipped_batches(self):
-            """{range: training batches it skipped}: see
-            `qat.tf2.rewriter.FunctionRewriter.skipped_batches`."""
+            """{range name: training batches it skipped}; logs a warning once per range.
+
+            A range skips a training batch whose min or max is NaN or infinite,
+            and keeps its value. A range that skipped any batch gets one warning
+            per process, naming it and the tensor it quantizes. Called by the
+            model after each eager training call, at the end of Keras's `fit` and
+            by `inference_function()`; in a custom loop whose step is a
+            `tf.function`, call it when you want to know.
+            """
             return self._qat.value.skipped_batches()
 
         def call(self, inputs, training=None):
@@ -143,15 +157,21 @@ def _methods(base, saving):
 
         @property
         def left_float(self):
-            """What the rewrite left float, each with the reason (as the graph path
-            logs it): batch norms not folded, layers it cannot reach."""
+            """What the rewrite left float, each a string "<op>: <reason>" (as
+            the graph path logs it): batch norms not folded, layers it cannot
+            reach (inside a `tf.cond` branch, say). Empty when nothing is."""
             rewriter = self._qat.value
             return sorted(set(rewriter.left_float[True]) | set(rewriter.left_float[False]))
 
         def inference_function(self) -> tf.types.experimental.ConcreteFunction:
             """The eval rewrite as a concrete function, for TF 2's TFLite converter.
 
-            See `qat.tf2.module.QuantizedModule.inference_function`.
+            Convert it with `tf.lite.TFLiteConverter.from_concrete_functions([f])`
+            (no trackable object: every variable is frozen) and `optimizations =
+            [tf.lite.Optimize.DEFAULT]`; `inference_input_type = tf.int8` (and
+            `inference_output_type`) for int8 input and output. Also reports
+            skipped batches (`skipped_batches`). `qat.export.export_model` does
+            all of it, checked.
             """
             return self._qat.value.inference_function()
 

@@ -55,7 +55,15 @@ class QuantizedModule(tf.Module):
         return self._qat.value(inputs, training)
 
     def skipped_batches(self) -> Dict[str, int]:
-        """{range: training batches it skipped}: see `FunctionRewriter.skipped_batches`."""
+        """{range name: training batches it skipped}; logs a warning once per range.
+
+        A range skips a training batch whose min or max is NaN or infinite,
+        and keeps its value. A range that skipped any batch gets one warning
+        per process, naming it and the tensor it quantizes. Called by the
+        model after each eager training call, at the end of Keras's `fit` and
+        by `inference_function()`; in a custom loop whose step is a
+        `tf.function`, call it when you want to know.
+        """
         return self._qat.value.skipped_batches()
 
     @property
@@ -65,8 +73,9 @@ class QuantizedModule(tf.Module):
 
     @property
     def left_float(self):
-        """What the rewrite left float, each with the reason (as the graph path
-        logs it): batch norms not folded, layers it cannot reach."""
+        """What the rewrite left float, each a string "<op>: <reason>" (as
+        the graph path logs it): batch norms not folded, layers it cannot
+        reach (inside a `tf.cond` branch, say). Empty when nothing is."""
         rewriter = self._qat.value
         return sorted(set(rewriter.left_float[True]) | set(rewriter.left_float[False]))
 
@@ -88,8 +97,10 @@ class QuantizedModule(tf.Module):
         """The eval rewrite as a concrete function, for TF 2's TFLite converter.
 
         Convert it with `tf.lite.TFLiteConverter.from_concrete_functions([f])`
-        (no trackable object: every variable is frozen), `optimizations =
-        [tf.lite.Optimize.DEFAULT]` and, for int8 input, `inference_input_type =
-        tf.int8`: a fully integer int8 model.
+        (no trackable object: every variable is frozen) and `optimizations =
+        [tf.lite.Optimize.DEFAULT]`; `inference_input_type = tf.int8` (and
+        `inference_output_type`) for int8 input and output. Also reports
+        skipped batches (`skipped_batches`). `qat.export.export_model` does
+        all of it, checked.
         """
         return self._qat.value.inference_function()

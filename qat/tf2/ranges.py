@@ -38,7 +38,15 @@ MakeFn = Callable[[str, tf.DType, Sequence[int], np.ndarray], tf.Variable]
 
 
 class UnplannedRangeError(ValueError):
-    """A trace asked for a range the plan did not make."""
+    """A call of a quantized TF 2 model builds a graph its first trace did not.
+
+    `qat.quantize_model` plans the ranges from the model's first trace; a
+    later trace (another mode or input shape) whose Python code builds other
+    layers (a Python `if` on a changing value, a layer called only sometimes)
+    asks for ranges that plan did not make, and one whose tensors change shape
+    asks for a range of another shape. The error names the layers or the
+    range; write such branches with `tf.cond`, and keep shapes the same.
+    """
 
 
 class RangeStore(function_graphs.VariableStore):
