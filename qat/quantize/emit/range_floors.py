@@ -10,7 +10,7 @@ largest floor W (`WidthFloor`: RATIO, SQUARE, PRODUCT, BIAS or MINIMUM):
 
     hi' = max(hi, lo + W)
 
-at the top, as an empty range is widened (`RangeUpdates`'s empty ranges): 0
+at the top, as an empty range is widened (`qat.quantize.emit.range_updates`): 0
 stays in the range, FakeQuant keeps it on the grid, and the scale is W / L
 whichever side grows; an empty range becomes [0, W]; a range wide enough
 is left exactly as it was. Symmetric ranges are scaled about 0 instead,
@@ -56,6 +56,7 @@ class RangeView(NamedTuple):
     combined: Optional[Dict[int, Tuple[str, str]]] = None
 
     def read(self, index: int) -> Tuple[str, str]:
+        """Quantizer `index`'s (min, max): as combined where it is, else as read."""
         if self.combined is not None and index in self.combined:
             return self.combined[index]
         return self.quantizers[index].read
@@ -109,14 +110,14 @@ class RangeFloors:
         tiny = out.shared_const("tiny_width", _TINY_WIDTH, tf.float32)
         one = out.shared_const("one", 1.0, tf.float32)
         ratio = out.node(q + "/ratio", "RealDiv",
-                           [need, out.node(q + "/positive_width", "Maximum", [width, tiny],
-                                             T=_FLOAT)], T=_FLOAT)
+                         [need, out.node(q + "/positive_width", "Maximum", [width, tiny],
+                                         T=_FLOAT)], T=_FLOAT)
         factor = out.node(q + "/factor", "Maximum", [ratio, one], T=_FLOAT)
         new_lo = out.node(q + "/min", "Mul", [lo, factor], T=_FLOAT)
         top = out.node(q + "/top", "AddV2", [new_lo, need], T=_FLOAT)
         new_hi = out.node(q + "/max", "Maximum",
-                            [out.node(q + "/scaled_max", "Mul", [hi, factor], T=_FLOAT), top],
-                            T=_FLOAT)
+                          [out.node(q + "/scaled_max", "Mul", [hi, factor], T=_FLOAT), top],
+                          T=_FLOAT)
         return new_lo, new_hi
 
     def _floor_width(self, out: PlacedWriter, q: str, floor: "quantizer_spec.WidthFloor",
@@ -130,7 +131,8 @@ class RangeFloors:
         if floor.form == kp.MINIMUM:
             return out.shared_const("floor_width", factor, tf.float32)
         if floor.form == kp.BIAS:
-            x = self._bias_ratio(out, q, floor, view)  # max_c |b_c| / W_w,c = max_c |b_c| / s_w,c / L_w
+            # max_c |b_c| / W_w,c = max_c |b_c| / s_w,c / L_w
+            x = self._bias_ratio(out, q, floor, view)
             factor *= floor.weights.levels
         elif floor.form == kp.PRODUCT:
             if not floor.ranges or floor.weights is None:
@@ -148,8 +150,8 @@ class RangeFloors:
             steps = {l for _, l in widths}
             if len(steps) > 1:  # Ranges of different bit widths: compare scales.
                 widths = [(out.node(q + "/scale_%d" % k, "Mul",
-                                      [w, out.shared_const("inverse_levels", 1.0 / l,
-                                                             tf.float32)], T=_FLOAT), 1)
+                                    [w, out.shared_const("inverse_levels", 1.0 / l,
+                                                         tf.float32)], T=_FLOAT), 1)
                           for k, (w, l) in enumerate(widths)]
             x, l_in = widths[0]
             for k, (w, _) in enumerate(widths[1:]):
@@ -159,7 +161,7 @@ class RangeFloors:
                 x = out.node(q + "/square", "Mul", [x, x], T=_FLOAT)
                 factor /= float(l_in)
         return out.node(q + "/width", "Mul",
-                          [x, out.shared_const("floor_factor", factor, tf.float32)], T=_FLOAT)
+                        [x, out.shared_const("floor_factor", factor, tf.float32)], T=_FLOAT)
 
     @staticmethod
     def _range_nodes(out: PlacedWriter, r: "quantizer_spec.RangeInput", view: RangeView):

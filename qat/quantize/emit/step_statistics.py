@@ -260,8 +260,8 @@ class StepStatistics:
                                                (step.lo, step.hi), step.finite, owner.counter)
         writer.nodes.node(self.update_group(), "NoOp", control=updates)
 
-    def _group_step(self, out: PlacedWriter, q: str, members: Sequence[RangeStatistics], lo: str, hi: str,
-                    floored: bool) -> List[Tuple[str, str, str]]:
+    def _group_step(self, out: PlacedWriter, q: str, members: Sequence[RangeStatistics],
+                    lo: str, hi: str, floored: bool) -> List[Tuple[str, str, str]]:
         """The step of per-tensor ranges of one group, as vectors: each one's (min,
         max, finite) kept where finite, or, `floored`, (min, max, batch width)
         before its floors."""
