@@ -58,7 +58,18 @@ class FiniteGuard:
 
     def counter(self, out: PlacedWriter, spec: QuantizerSpec, prefix: str, index: int) -> str:
         """The skipped-batch counter of the range quantizer `index` moves: its
-        own (a new variable), or, for a replica, the one of the range's owner."""
+        own (a new variable `<prefix>/skipped_batches`), or, for a replica, the
+        one of the range's owner (an earlier call's, read before its update).
+
+        Args:
+          out: where the counter's ops go (its variable device).
+          spec: the quantizer.
+          prefix: its name scope.
+          index: its index in the batch.
+
+        Returns:
+          The counter variable's name.
+        """
         if spec.replica_of is not None:
             return self._counters[spec.replica_of]
         if spec.earlier_range is not None:  # An earlier call's, read before its update.
@@ -109,7 +120,19 @@ class FiniteGuard:
                variables: Sequence[str], values: Sequence[str], finite: str,
                counter: str) -> Tuple[str, ...]:
         """Assigns `values` to `variables` where `finite`, else keeps them and
-        counts the batch; returns the (min, max) nodes after the update.
+        counts the batch.
+
+        Args:
+          out: where the ops go.
+          p: the name scope of the count.
+          scopes: the name scopes of the (min, max) assignments.
+          variables: the (min, max) variables.
+          values: their new values.
+          finite: whether the step is finite (`finite`).
+          counter: the range's skipped-batch counter.
+
+        Returns:
+          The (min, max) nodes after the update.
         """
         counted = self._count(out, p, counter, finite)
         emitter, assigned = self._writer.variables, []

@@ -61,7 +61,15 @@ class NodeWriter:
     def shared(self, key: Hashable, make: Callable[[], _V]) -> _V:
         """The value the batch keeps under `key`, made by `make` the first time.
 
-        Names of shared nodes carry `serial` (`<scope>/<kind>_<serial>`).
+        Names of shared nodes carry `serial` (`<scope>/<kind>_<serial>`), the
+        count of every value shared before, whatever its kind.
+
+        Args:
+          key: what the value is (hashable).
+          make: builds the value (its nodes) when the batch has none yet.
+
+        Returns:
+          The value kept under `key`.
         """
         if key not in self._shared:
             value = make()
@@ -146,10 +154,12 @@ class PlacedWriter:
 
     def node(self, name: str, op: str, inputs: Sequence[str] = (),
              control: Sequence[str] = (), **attrs) -> str:
+        """A NodeDef on this writer's device; returns its name."""
         return self.writer.nodes.node(name, op, inputs, device=self.device, control=control,
                                       **attrs)
 
     def const(self, name: str, value, dtype: tf.DType) -> str:
+        """A Const node of this quantizer (not shared) on this writer's device."""
         return self.writer.nodes.const(name, value, dtype, device=self.device)
 
     def cast(self, name: str, x: str, src: tf.DType, dst: tf.DType, **attrs) -> str:
@@ -157,10 +167,13 @@ class PlacedWriter:
         return self.node(name, "Cast", [x], SrcT=src, DstT=dst, Truncate=False, **attrs)
 
     def shared_const(self, kind: str, value, dtype: tf.DType) -> str:
+        """`NodeWriter.shared_const` (on no device: shared by every quantizer)."""
         return self.writer.shared_const(kind, value, dtype)
 
     def external(self, t: tf.Tensor) -> str:
+        """`NodeWriter.external`."""
         return self.writer.nodes.external(t)
 
     def before_update(self, variable: str) -> str:
+        """`NodeWriter.before_update`, a read on this writer's variable device."""
         return self.writer.before_update(variable, self.variable_device)

@@ -122,8 +122,19 @@ class StepStatistics:
     def contribute(self, spec: QuantizerSpec, prefix: str, device: str,
                    batch_min: Optional[str], batch_max: str, variables: Tuple[str, str],
                    step: Union[tf.Tensor, str, None], counter: str, index: int) -> None:
-        """Records quantizer `index`'s batch statistics (computed on `device`)
-        for the combined update of the range of `variables`."""
+        """Records a quantizer's batch statistics for the combined update.
+
+        Args:
+          spec: the quantizer.
+          prefix: its name scope.
+          device: where its statistics were computed.
+          batch_min: its batch min, None for nonnegative values.
+          batch_max: its batch max.
+          variables: the (min, max) variables of the range it moves.
+          step: the quantization step.
+          counter: the range's skipped-batch counter.
+          index: its index in the batch.
+        """
         min_var, max_var = variables
         channels = 0
         if spec.per_channel:
