@@ -47,24 +47,25 @@ flags.DEFINE_bool("tflite", False,
 flags.DEFINE_integer("trial_seed", 0, "Seed of the initial weights and of the batch order.")
 
 
-def _before_rate(self, decay, step, p=None, counter=None):
+def _before_rate(self, out, decay, step, counter=None):
     """The rule before issue #26: rate 1 on the first step, then 1 - decay."""
-    del p, counter  # The range's skipped batches: not counted by this rule.
+    del counter  # The range's skipped batches: not counted by this rule.
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    rate = self._shared_const("ema_rate", 1.0 - decay, tf.float32)
+    rate = out.shared_const("ema_rate", 1.0 - decay, tf.float32)
     if step is None:
         return rate
-    key = ("first_batch_rate", decay)
-    if key not in self._shared:
-        scope = self._shared_scope_name()
-        step_ref = step if isinstance(step, str) else self._external(step)
-        first = self._nodes.node("%s/first_batch_%d" % (scope, len(self._shared)), "Equal",
-                                 [step_ref, self._shared_const("one_step", 1, tf.int64)],
-                                 T=tf.int64)
-        self._shared[key] = self._nodes.node(
-            "%s/ema_rate_%d" % (scope, len(self._shared)), "Select",
-            [first, self._shared_const("full_rate", 1.0, tf.float32), rate], T=tf.float32)
-    return self._shared[key]
+    writer = self._writer  # pylint: disable=protected-access
+
+    def first_batch_rate():
+        scope = writer.shared_scope()
+        step_ref = step if isinstance(step, str) else writer.external(step)
+        first = writer.node("%s/first_batch_%d" % (scope, writer.serial), "Equal",
+                            [step_ref, writer.shared_const("one_step", 1, tf.int64)],
+                            T=tf.int64)
+        return writer.node(
+            "%s/ema_rate_%d" % (scope, writer.serial), "Select",
+            [first, writer.shared_const("full_rate", 1.0, tf.float32), rate], T=tf.float32)
+    return writer.shared(("first_batch_rate", decay), first_batch_rate)
 
 
 _NOW_RATE = None
@@ -74,9 +75,8 @@ def _set_rule(rule):
     from qat.quantize.emit import range_updates  # pylint: disable=g-import-not-at-top
     global _NOW_RATE
     if _NOW_RATE is None:
-        _NOW_RATE = range_updates.RangeUpdates._ema_rate  # pylint: disable=protected-access
-    range_updates.RangeUpdates._ema_rate = (  # pylint: disable=protected-access
-        _before_rate if rule == "before" else _NOW_RATE)
+        _NOW_RATE = range_updates.RangeUpdates.ema_rate
+    range_updates.RangeUpdates.ema_rate = _before_rate if rule == "before" else _NOW_RATE
 
 
 def _digits():

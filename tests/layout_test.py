@@ -360,12 +360,6 @@ def unnamed_modules(package_dir: str) -> List[str]:
     return sorted(p for p in parts if p not in words)
 
 
-# Classes over MAX_CLASS_LINES with their bases that are being split into
-# collaborators by another change of the same issue (QuantizerBatch and its
-# mixins). An entry must still be over the limit: remove it once it is not.
-CLASSES_BEING_SPLIT = frozenset(["qat.quantize.emit.quantizer_batch.QuantizerBatch"])
-
-
 def packages_of(modules: Dict[str, str]) -> Set[str]:
     """The modules of `qat_modules()` that are packages."""
     return {m for m, path in modules.items() if path.endswith("__init__.py")}
@@ -409,11 +403,8 @@ class ImportLayoutTest(absltest.TestCase):
                 sources[module] = f.read()
         sizes = class_sizes(sources)
         over = [f"{name}: {n} lines with its bases" for name, n in sorted(sizes.items())
-                if n > MAX_CLASS_LINES and name not in CLASSES_BEING_SPLIT]
+                if n > MAX_CLASS_LINES]
         self.assertEqual(over, [])
-        done = [name for name in sorted(CLASSES_BEING_SPLIT)
-                if sizes.get(name, 0) <= MAX_CLASS_LINES]
-        self.assertEqual(done, [], "within the limit now: remove from CLASSES_BEING_SPLIT")
 
     def test_plan_keeps_at_most_5_modules_at_its_root(self):
         self.assertLessEqual(len(plan_root_modules()), MAX_PLAN_ROOT_MODULES,

@@ -61,7 +61,7 @@ from qat.quantize.emit import xla_gradients
 GRADIENT_OP_TYPE = "QatFakeQuantInputGrad"
 DELAYED_GRADIENT_OP_TYPE = "QatDelayedQuantGrad"
 RELU_GRADIENT_OP_TYPE = "QatReluBeforeFakeQuant"
-# A kernel's fixed output grid (`qat.quantize.plan.fixed_ranges`): the values are
+# A kernel's fixed output grid (`qat.quantize.plan.ranges.fixed_ranges`): the values are
 # bounded by the function, the range is no clamp to learn; a softmax of 1.0
 # (above the grid's 255/256) keeps its gradient.
 FIXED_GRID_GRADIENT_OP_TYPE = "QatFixedGridGrad"

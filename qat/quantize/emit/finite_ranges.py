@@ -1,4 +1,4 @@
-"""No NaN or infinite value enters a range (a mixin of `RangeUpdates`).
+"""No NaN or infinite value enters a range (`FiniteGuard`).
 
 One bad batch (a NaN or infinite input value, an activation that overflowed)
 would otherwise poison a range for good: the moving average of NaN is NaN, the
@@ -20,10 +20,16 @@ FakeQuant of that step reads them, and the range's counter
 counter, so a strict restore of any training checkpoint into them works) adds
 one. The moving average's bias correction counts only the batches the range
 learned from (the step less the skipped batches,
-`RangeUpdates._ema_rate`), so the first finite batch after skipped ones still
-sets a new range with its full weight.
+`qat.quantize.emit.range_updates.RangeUpdates.ema_rate`), so the first finite
+batch after skipped ones still sets a new range with its full weight.
 """
+from typing import Dict, List, Optional, Sequence, Tuple
+
 import tensorflow as tf
+
+from qat.quantize.emit.node_writer import NodeWriter
+from qat.quantize.emit.node_writer import PlacedWriter
+from qat.quantize.emit.quantizer_spec import QuantizerSpec
 
 SKIPPED_BATCHES = "skipped_batches"
 # The graph collection of the counters (training graphs).
@@ -39,16 +45,53 @@ def counter_name(range_name: str) -> str:
     return range_name + "/" + SKIPPED_BATCHES
 
 
-class FiniteRanges(object):
-    """Mixin of `qat.quantize.emit.range_updates.RangeUpdates` (uses `QuantizerBatch`'s helpers)."""
+class FiniteGuard:
+    """Keeps non-finite batches out of a batch's ranges and counts them.
 
-    def _batch_width(self, p: str, batch_min, batch_max: str) -> str:
+    Args:
+      writer: the batch's node writer.
+    """
+
+    def __init__(self, writer: NodeWriter):
+        self._writer = writer
+        self._counters: Dict[int, str] = {}  # Quantizer index -> its range's counter.
+
+    def counter(self, out: PlacedWriter, spec: QuantizerSpec, prefix: str, index: int) -> str:
+        """The skipped-batch counter of the range quantizer `index` moves: its
+        own (a new variable `<prefix>/skipped_batches`), or, for a replica, the
+        one of the range's owner (an earlier call's, read before its update).
+
+        Args:
+          out: where the counter's ops go (its variable device).
+          spec: the quantizer.
+          prefix: its name scope.
+          index: its index in the batch.
+
+        Returns:
+          The counter variable's name.
+        """
+        if spec.replica_of is not None:
+            return self._counters[spec.replica_of]
+        if spec.earlier_range is not None:  # An earlier call's, read before its update.
+            read = spec.earlier_range[4]
+            name = read.op.inputs[0].op.name
+            self._writer.stand_in(name, read)
+            return name
+        counter = self._counters[index] = self._writer.variable(
+            prefix, SKIPPED_BATCHES, [], 0,
+            [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SKIPPED_BATCHES_COLLECTION],
+            device=out.variable_device, dtype=_INT64, statistic=True)
+        return counter
+
+    def batch_width(self, out: PlacedWriter, p: str, batch_min: Optional[str],
+                    batch_max: str) -> str:
         """The batch range's width: finite exactly when both ends are."""
         if batch_min is None:  # Nonnegative: the min is 0.
             return batch_max
-        return self._node(p + "/BatchWidth", "Sub", [batch_max, batch_min], T=_FLOAT)
+        return out.node(p + "/BatchWidth", "Sub", [batch_max, batch_min], T=_FLOAT)
 
-    def _finite(self, p: str, width: str, per_channel: bool, lo: str, hi: str) -> str:
+    def finite(self, out: PlacedWriter, p: str, width: str, per_channel: bool, lo: str,
+               hi: str) -> str:
         """Whether the batch range of `width` and the range [lo, hi] the update
         computed from it are finite (every channel).
 
@@ -57,38 +100,66 @@ class FiniteRanges(object):
         NaN or an infinity in either makes it one; finite widths whose sum
         overflows, a range too wide to quantize anything, are skipped too).
         """
-        width = self._node(p + "/Widths", "AddV2", [
-            width, self._node(p + "/RangeWidth", "Sub", [hi, lo], T=_FLOAT)], T=_FLOAT)
-        finite = self._node(p + "/Finite", "IsFinite", [width], T=_FLOAT)
+        width = out.node(p + "/Widths", "AddV2", [
+            width, out.node(p + "/RangeWidth", "Sub", [hi, lo], T=_FLOAT)], T=_FLOAT)
+        finite = out.node(p + "/Finite", "IsFinite", [width], T=_FLOAT)
         if per_channel:
-            finite = self._node(p + "/Finite/All", "All",
-                                [finite, self._shared_const("reduction_indices", [0], tf.int32)],
-                                Tidx=_INT32, keep_dims=False)
+            finite = out.node(p + "/Finite/All", "All",
+                              [finite, out.shared_const("reduction_indices", [0], tf.int32)],
+                              Tidx=_INT32, keep_dims=False)
         return finite
 
-    def _skipped_counter(self, p: str) -> str:
-        """The range's int64 counter of skipped batches (a new variable)."""
-        return self._variable(p, SKIPPED_BATCHES, [], 0,
-                              [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
-                               SKIPPED_BATCHES_COLLECTION],
-                              dtype=_INT64, statistic=True)
+    def kept(self, out: PlacedWriter, scopes: Sequence[str], variables: Sequence[str],
+             values: Sequence[str], finite: str) -> Tuple[str, ...]:
+        """`values` where `finite`, else the variables as they were: nothing assigned."""
+        return tuple(out.node(scope + "/finite", "SelectV2",
+                              [finite, value, out.before_update(var)], T=_FLOAT)
+                     for scope, var, value in zip(scopes, variables, values))
 
-    def _assign_finite(self, p: str, scopes, variables, values, finite: str,
-                       counter: str):
+    def assign(self, out: PlacedWriter, p: str, scopes: Sequence[str],
+               variables: Sequence[str], values: Sequence[str], finite: str,
+               counter: str) -> Tuple[str, ...]:
         """Assigns `values` to `variables` where `finite`, else keeps them and
-        counts the batch; returns the (min, max) nodes after the update.
+        counts the batch.
+
+        Args:
+          out: where the ops go.
+          p: the name scope of the count.
+          scopes: the name scopes of the (min, max) assignments.
+          variables: the (min, max) variables.
+          values: their new values.
+          finite: whether the step is finite (`finite`).
+          counter: the range's skipped-batch counter.
+
+        Returns:
+          The (min, max) nodes after the update.
         """
-        skip = self._node(p + "/Skipped", "SelectV2",
-                          [finite, self._shared_const("zero_count", 0, tf.int64),
-                           self._shared_const("one_count", 1, tf.int64)], T=_INT64)
-        counted = self._variables_emitter.assign_add(
-            p + "/CountSkipped", counter, skip, device=self._variable_device, return_read=False)
-        emitter, out = self._variables_emitter, []
+        counted = self._count(out, p, counter, finite)
+        emitter, assigned = self._writer.variables, []
         for scope, var, value in zip(scopes, variables, values):
             # The counter's update runs with the range's.
-            control = [] if out else [counted]
-            old = emitter.before_update(var, self._variable_device)
-            kept = self._node(scope + "/finite", "SelectV2", [finite, value, old], T=_FLOAT)
-            out.append(emitter.assign(scope, var, kept, device=self._variable_device,
-                                      control=control))
-        return tuple(out)
+            control = [] if assigned else [counted]
+            old = emitter.before_update(var, out.variable_device)
+            kept = out.node(scope + "/finite", "SelectV2", [finite, value, old], T=_FLOAT)
+            assigned.append(emitter.assign(scope, var, kept, device=out.variable_device,
+                                           control=control))
+        return tuple(assigned)
+
+    def assign_kept(self, out: PlacedWriter, p: str, variables: Tuple[str, str],
+                    kept: Tuple[str, str], finite: str, counter: str) -> List[str]:
+        """Assigns a range its step as `kept` (`kept`'s values) and counts the
+        batch where not `finite`; returns the update ops."""
+        updates = [self._count(out, p, counter, finite)]
+        for side, var, value in zip(("Min", "Max"), variables, kept):
+            updates.append(self._writer.variables.assign(
+                "%s/Assign%s" % (p, side), var, value, device=out.variable_device,
+                return_read=False))
+        return updates
+
+    def _count(self, out: PlacedWriter, p: str, counter: str, finite: str) -> str:
+        """Adds one to `counter` where not `finite`; returns the update op."""
+        skip = out.node(p + "/Skipped", "SelectV2",
+                        [finite, out.shared_const("zero_count", 0, tf.int64),
+                         out.shared_const("one_count", 1, tf.int64)], T=_INT64)
+        return self._writer.variables.assign_add(
+            p + "/CountSkipped", counter, skip, device=out.variable_device, return_read=False)

@@ -10,7 +10,7 @@ is applied: a bad input leaves the graph untouched. `qat.api` wires the pass
 
 What gets a range, and under which name, is the planner's business: see
 `qat.quantize.plan.planner` (tensor-centric rules from TFLite's integer op
-requirements, `qat.quantize.plan.op_table`) and docs/what_gets_a_range.md. This
+requirements, `qat.quantize.plan.ops.op_table`) and docs/what_gets_a_range.md. This
 module turns each `Plan` into a `QuantizerSpec` (bit width, symmetry,
 per-channel, devices), builds them, and reports the result.
 
@@ -56,7 +56,7 @@ class Quantizer:
       per_channel: one range per output channel.
       symmetric: a symmetric range.
       range_name: the name scope of the variables it reads: `name`, or
-        the quantizer whose range it shares (`qat.quantize.plan.shared_ranges`).
+        the quantizer whose range it shares (`qat.quantize.plan.ranges.shared_ranges`).
     """
     tensor: tf.Tensor
     output: tf.Tensor

@@ -10,7 +10,7 @@ Two quantizers, as in `tf.contrib.quantize`:
 * moving average (activations): an exponential moving average of the batch
   min and max, not narrow.
 
-Shared ranges (`qat.quantize.plan.shared_ranges`): a spec with `range_of` reads an earlier
+Shared ranges (`qat.quantize.plan.ranges.shared_ranges`): a spec with `range_of` reads an earlier
 quantizer's range instead of owning variables (as that quantizer's FakeQuant reads it, or, with
 `range_before_update`, the variables as they were before this step's update); `statistics_of`
 adds further tensors' batch min and max to a quantizer's update.
@@ -29,6 +29,12 @@ added: given the quantization step t (`init_from_first_batch`), the rate is
 (1 - decay) / (1 - decay^t), the same debiased average with the shared step
 counter (`qat.quantize.emit.range_updates`); without it, 1 - decay.
 
+`QuantizerBatch` builds each quantizer's variables and FakeQuant and hands
+the rest to collaborators that share its `qat.quantize.emit.node_writer.NodeWriter`:
+`RangeUpdates` (the range step), `RangeFloors` (kernel floors), `FiniteGuard`
+(non-finite batches kept out, counted) and `StepStatistics` (replicas' ranges
+combined once per step).
+
 Speed: a rewrite adds ~30 ops per quantizer, and TensorFlow's Python op
 constructors cost about a millisecond each, which made MobileNetV2 rewrites
 take seconds. `QuantizerBatch` therefore writes the quantizers as NodeDefs and
@@ -37,17 +43,22 @@ the range variables in `tf.Variable` objects from their VariableDefs. The
 variables are of the model's kind, ref or resource
 (`qat.engine.range_variables`).
 """
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
-import numpy as np
 import tensorflow as tf
 from qat.engine import marks
-from qat.engine import range_variables
 from qat.engine import rewrite as rewrite_lib
 from qat.quantize.emit import fake_quant_gradient
 from qat.quantize.emit import range_scopes
-from qat.quantize.emit import range_updates
-from qat.quantize.emit import step_statistics
+from qat.quantize.emit.finite_ranges import FiniteGuard
+from qat.quantize.emit.node_writer import NodeWriter
+from qat.quantize.emit.node_writer import PlacedWriter
+from qat.quantize.emit.range_floors import QuantizerRange
+from qat.quantize.emit.range_floors import RangeFloors
+from qat.quantize.emit.range_floors import RangeView
+from qat.quantize.emit.range_updates import RangeUpdates
+from qat.quantize.emit.range_updates import Step
+from qat.quantize.emit.step_statistics import StepStatistics
 
 # pylint: disable=unused-import
 from qat.quantize.emit.quantizer_spec import DEFAULT_VARS_COLLECTION
@@ -69,7 +80,7 @@ _INT32 = tf.int32
 _INT64 = tf.int64
 
 
-class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics):
+class QuantizerBatch:
     """Builds many quantizers with one GraphDef import.
 
     Used in two ways: a pass hands it its `qat.engine.rewrite.Rewrite`, adds
@@ -87,85 +98,30 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
         else:
             self._rewrite = rewrite_lib.Rewrite(target, marks.QUANTIZER)
             self._owns_rewrite = True
-        self._graph = self._rewrite.graph
         self._nodes = self._rewrite.nodes
-        # Range variables of the model's kind (ref or resource).
-        self._variables_emitter = range_variables.VariableEmitter.for_rewrite(self._rewrite)
+        self._writer = writer = NodeWriter(self._rewrite)
+        self._guard = FiniteGuard(writer)
+        self._floors = RangeFloors(writer)
+        self._updates = RangeUpdates(writer, self._floors, self._guard)
+        self._statistics = StepStatistics(writer, self._updates, self._floors, self._guard)
         self._outputs: List[str] = []
         self._prefixes: List[str] = []
-        self._shared: Dict[tuple, str] = {}
-        self._shared_scope: Optional[str] = None
         self._training_fake_quants: List[tuple] = []
-        # Per quantizer: (min variable, max variable) of the range it reads,
-        # and the (min, max) nodes its FakeQuant reads.
-        self._variables: List[tuple] = []
-        # An earlier call's (min, max) reads before the update, or None.
-        self._earlier: List[Optional[tuple]] = []
-        # Whether quantizer i's range is a constant (a kernel's fixed grid).
-        self._fixed: List[bool] = []
+        self._quantizers: List[QuantizerRange] = []  # By quantizer index.
         # id(spec) -> (name scope, min, max variables) of quantizers declared early.
-        self._declared: Dict[int, tuple] = {}
+        self._declared: Dict[int, Tuple[str, str, str]] = {}
         self._scopes = range_scopes.RangeScopes(self._nodes.unique_name)
-        self._ranges: List[tuple] = []
-        self._device = ""           # Of the quantizer being added.
-        self._variable_device = ""
-        self._init_step_statistics()
 
-    # --- NodeDef helpers (the batch mechanics are qat.engine.node_batch's) ----
-
-    def _external(self, t: tf.Tensor) -> str:
-        """A name the GraphDef uses for an existing tensor (input_map key)."""
-        return self._nodes.external(t)
-
-    def _node(self, name, op, inputs=(), control=(), device=None, **attrs) -> str:
-        """A NodeDef on `device`, by default the current quantizer's."""
-        device = self._device if device is None else device
-        return self._nodes.node(name, op, inputs, device=device, control=control,
-                                **attrs)
-
-    def _const(self, name, value, dtype) -> str:
-        return self._nodes.const(name, value, dtype, device=self._device)
-
-    def _shared_const(self, kind: str, value, dtype) -> str:
-        """A constant shared by every quantizer of the batch (fewer ops)."""
-        array = np.asarray(value, dtype.as_numpy_dtype)
-        key = ("const", kind, dtype, array.shape, array.tobytes())
-        if key not in self._shared:
-            name = "%s/%s_%d" % (self._shared_scope_name(), kind,
-                                 len(self._shared))
-            self._shared[key] = self._nodes.const(name, array, dtype)
-        return self._shared[key]
-
-    def _shared_scope_name(self) -> str:
-        if self._shared_scope is None:
-            # A NoOp named like the scope keeps the name taken for later batches.
-            name = self._nodes.unique_name("quant_constants")
-            self._nodes.node(name, "NoOp")
-            self._shared_scope = name
-        return self._shared_scope
-
-    def _activation_condition(self, step: Union[tf.Tensor, str], delay: int) -> str:
+    def _activation_condition(self, step: Step, delay: int) -> str:
         """`step >= delay`, one op per delay value in the batch."""
-        key = ("active", int(delay))
-        if key not in self._shared:
-            delay_const = self._shared_const("delay", int(delay), tf.int64)
-            step_ref = step if isinstance(step, str) else self._external(step)
-            self._shared[key] = self._nodes.node(
-                "%s/activate_quant_%d" % (self._shared_scope_name(),
-                                          len(self._shared)),
-                "GreaterEqual", [step_ref, delay_const], T=_INT64)
-        return self._shared[key]
+        writer = self._writer
 
-    def _variable(self, prefix, name, shape, init, collections, dtype=_FLOAT,
-                  statistic=False) -> str:
-        base = prefix + "/" + name
-        shape = tf.TensorShape(shape)
-        initial = np.full(shape.as_list(), init, dtype.as_numpy_dtype)
-        init_value = self._shared_const("init", initial, dtype)
-        self._rewrite.add_variable(self._variables_emitter.variable(
-            base, dtype, shape, init_value, device=self._variable_device,
-            initial_array=initial, statistic=statistic), collections)
-        return base
+        def condition() -> str:
+            delay_const = writer.shared_const("delay", int(delay), tf.int64)
+            step_ref = step if isinstance(step, str) else writer.external(step)
+            return writer.node("%s/activate_quant_%d" % (writer.shared_scope(), writer.serial),
+                               "GreaterEqual", [step_ref, delay_const], T=_INT64)
+        return writer.shared(("active", int(delay)), condition)
 
     # --- Quantizers -----------------------------------------------------------
 
@@ -192,109 +148,131 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
         declared = self._declared.pop(id(spec), None)
         p = self._scopes.quantizer_scope(spec, declared)
         self._prefixes.append(p)
-        self._device, self._variable_device = spec.device, spec.variable_device
-        collections = self._collections(spec)
-        x = input_ref or self._external(spec.inputs)
+        out = self._writer.at(spec.device, spec.variable_device)
+        emitter = self._writer.variables
+        x = input_ref or out.external(spec.inputs)
         low_dtype = low_precision_dtype(spec.inputs)
         if low_dtype is not None:
-            x = self._cast(p + "/ToFloat32", x, low_dtype, _FLOAT)
+            x = out.cast(p + "/ToFloat32", x, low_dtype, _FLOAT)
         if spec.channel_reshape:
-            shape_const = self._const(p + "/Reshape/shape",
-                                      list(spec.channel_reshape), tf.int32)
-            x = self._node(p + "/Reshape", "Reshape", [x, shape_const],
-                           T=_FLOAT, Tshape=_INT32)
+            shape_const = out.const(p + "/Reshape/shape", list(spec.channel_reshape), tf.int32)
+            x = out.node(p + "/Reshape", "Reshape", [x, shape_const], T=_FLOAT, Tshape=_INT32)
             rank = len(spec.channel_reshape)
             channels = spec.channel_reshape[-1]
         else:
             rank = spec.inputs.shape.rank
             channels = spec.inputs.shape[-1] if spec.per_channel else None
+        earlier = None
         if spec.fixed_range is not None:
             # A kernel's fixed grid: constants `<prefix>/min|max`.
-            min_var = self._const(p + "/min", float(spec.fixed_range[0]), _FLOAT)
-            max_var = self._const(p + "/max", float(spec.fixed_range[1]), _FLOAT)
+            min_var = out.const(p + "/min", float(spec.fixed_range[0]), _FLOAT)
+            max_var = out.const(p + "/max", float(spec.fixed_range[1]), _FLOAT)
             lo, hi = min_var, max_var
-            self._earlier.append(None)
         elif spec.earlier_range is not None:
             # An earlier call's range: its variables are what its reads read.
             min_var, max_var = [t.op.inputs[0].op.name for t in spec.earlier_range[2:4]]
             if spec.combined and spec.is_training:
                 # Learnt from this replica's batch; its statistics join the earlier call's.
                 for var, t in zip((min_var, max_var), spec.earlier_range[2:4]):
-                    self._reads[var] = t
-                lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
+                    self._writer.stand_in(var, t)
+                lo, hi = self._update(out, spec, p, x, rank, (min_var, max_var), step)
             else:
-                lo, hi = [self._external(t) for t in spec.earlier_range[:2]]
-            self._earlier.append(tuple(spec.earlier_range[2:4]))
+                lo, hi = [out.external(t) for t in spec.earlier_range[:2]]
+            earlier = tuple(spec.earlier_range[2:4])
         elif spec.range_of is not None:
-            min_var, max_var = self._variables[spec.range_of]
-            earlier = self._earlier[spec.range_of]
-            if self._fixed[spec.range_of]:
+            owner = self._quantizers[spec.range_of]
+            (min_var, max_var), earlier = owner.variables, owner.earlier
+            if owner.fixed:
                 # A fixed grid's constants (a sigmoid's, read by the rounding
                 # of a mean over 1x1): no variables to read, in any graph.
-                lo, hi = self._ranges[spec.range_of]
+                lo, hi = owner.read
             elif spec.is_training and not spec.range_before_update:
-                lo, hi = self._ranges[spec.range_of]
+                lo, hi = owner.read
             elif earlier is not None:
-                lo, hi = [self._external(t) for t in earlier]
+                lo, hi = [out.external(t) for t in earlier]
             elif spec.is_training:
-                lo = self._variables_emitter.before_update(min_var, self._variable_device)
-                hi = self._variables_emitter.before_update(max_var, self._variable_device)
+                lo = emitter.before_update(min_var, out.variable_device)
+                hi = emitter.before_update(max_var, out.variable_device)
             else:
-                lo = self._variables_emitter.snapshot(min_var)
-                hi = self._variables_emitter.snapshot(max_var)
-            self._earlier.append(earlier)
+                lo, hi = emitter.snapshot(min_var), emitter.snapshot(max_var)
         elif spec.replica_of is not None:
             # Another replica's range: this replica's batch moves it in its forward.
-            min_var, max_var = self._variables[spec.replica_of]
-            self._earlier.append(None)
+            owner = self._quantizers[spec.replica_of]
+            min_var, max_var = owner.variables
             if spec.is_training:
-                lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
+                lo, hi = self._update(out, spec, p, x, rank, (min_var, max_var), step)
             else:
-                lo, hi = self._ranges[spec.replica_of]
+                lo, hi = owner.read
         else:
-            scope = self._scopes.variables_scope(spec, len(self._outputs), p, declared)
+            scope = self._scopes.variables_scope(spec, len(self._quantizers), p, declared)
             if declared:
                 min_var, max_var = declared[1:]
             else:
                 var_shape = [int(channels)] if spec.per_channel else []
-                min_var = self._variable(scope, "min", var_shape, spec.init_min, collections)
-                max_var = self._variable(scope, "max", var_shape, spec.init_max, collections)
-            self._earlier.append(None)
+                collections = _collections(spec)
+                min_var = self._writer.variable(scope, "min", var_shape, spec.init_min,
+                                                collections, out.variable_device)
+                max_var = self._writer.variable(scope, "max", var_shape, spec.init_max,
+                                                collections, out.variable_device)
             if spec.is_training:
-                lo, hi = self._updates(spec, p, x, rank, min_var, max_var, step)
+                lo, hi = self._update(out, spec, p, x, rank, (min_var, max_var), step)
             else:
-                lo = self._variables_emitter.snapshot(min_var)
-                hi = self._variables_emitter.snapshot(max_var)
-        self._variables.append((min_var, max_var))
-        self._ranges.append((lo, hi))
-        self._fixed.append(spec.fixed_range is not None
-                           or (spec.range_of is not None and self._fixed[spec.range_of]))
+                lo, hi = emitter.snapshot(min_var), emitter.snapshot(max_var)
+        self._quantizers.append(QuantizerRange(
+            (min_var, max_var), (lo, hi), earlier,
+            spec.fixed_range is not None
+            or (spec.range_of is not None and self._quantizers[spec.range_of].fixed)))
+        return self._fake_quant(out, spec, p, x, lo, hi, step, input_ref, low_dtype)
+
+    def _update(self, out: PlacedWriter, spec: QuantizerSpec, p: str, x: str,
+                rank: Optional[int], variables: Tuple[str, str],
+                step: Optional[Step]) -> Tuple[str, str]:
+        """The range of `variables` moved by this batch: assigned where it is
+        finite (else kept, the batch counted), or, for replicas' combined
+        ranges, kept and recorded for the combined update. Returns the
+        (min, max) the FakeQuant reads."""
+        batch_min, batch_max = self._updates.batch_range(out, spec, p, x, rank)
+        index = len(self._quantizers)
+        counter = self._guard.counter(out, spec, p, index)
+        found = self._updates.step(out, spec, p, batch_min, batch_max, variables, step,
+                                   counter, RangeView(self._quantizers))
+        finite = self._guard.finite(out, p, found.width, spec.per_channel, *found.values)
+        if spec.combined:  # Replicas: combined once per step, after the forward.
+            self._statistics.contribute(spec, p, out.device, batch_min, batch_max, variables,
+                                        step, counter, index)
+            return self._guard.kept(out, found.scopes, variables, found.values, finite)
+        return self._guard.assign(out, p, found.scopes, variables, found.values, finite,
+                                  counter)
+
+    def _fake_quant(self, out: PlacedWriter, spec: QuantizerSpec, p: str, x: str, lo: str,
+                    hi: str, step: Optional[Step], input_ref: Optional[str],
+                    low_dtype: Optional[tf.DType]) -> int:
+        """The quantizer's FakeQuant of `x` on [lo, hi] and what follows it; its index."""
         fq_type = ("FakeQuantWithMinMaxVarsPerChannel" if spec.per_channel
                    else "FakeQuantWithMinMaxVars")
         gated = spec.gated and spec.is_training
         last = not (spec.channel_reshape or spec.quant_delay or low_dtype or gated)
-        out = self._node(p + "/" + FAKE_QUANT_NAME, fq_type, [x, lo, hi],
-                         num_bits=spec.num_bits,
-                         narrow_range=bool(spec.narrow_range),
-                         **_output_mark(last),
-                         **_gradient_attr(
-                             spec, fake_quant_gradient.FIXED_GRID_GRADIENT_OP_TYPE
-                             if spec.fixed_range is not None
-                             else fake_quant_gradient.GRADIENT_OP_TYPE))
+        result = out.node(p + "/" + FAKE_QUANT_NAME, fq_type, [x, lo, hi],
+                          num_bits=spec.num_bits,
+                          narrow_range=bool(spec.narrow_range),
+                          **_output_mark(last),
+                          **_gradient_attr(
+                              spec, fake_quant_gradient.FIXED_GRID_GRADIENT_OP_TYPE
+                              if spec.fixed_range is not None
+                              else fake_quant_gradient.GRADIENT_OP_TYPE))
         if spec.is_training and not spec.per_channel and spec.fixed_range is None:
             self._training_fake_quants.append(
-                (out, lo, hi, spec.num_bits, bool(spec.narrow_range)))
+                (result, lo, hi, spec.num_bits, bool(spec.narrow_range)))
             if input_ref is None and low_dtype is None and not spec.channel_reshape:
                 fake_quant_gradient.fuse_relu_gradient(self._rewrite, spec.inputs.op)
         if spec.channel_reshape:
-            back = self._const(p + "/Reshape_1/shape",
-                               spec.inputs.shape.as_list(), tf.int32)
-            out = self._node(p + "/Reshape_1", "Reshape", [out, back],
-                             T=_FLOAT, Tshape=_INT32,
-                             **_output_mark(not (spec.quant_delay or low_dtype or gated)))
+            back = out.const(p + "/Reshape_1/shape", spec.inputs.shape.as_list(), tf.int32)
+            result = out.node(p + "/Reshape_1", "Reshape", [result, back],
+                              T=_FLOAT, Tshape=_INT32,
+                              **_output_mark(not (spec.quant_delay or low_dtype or gated)))
         if low_dtype is not None:
-            out = self._cast(p + "/FromFloat32", out, _FLOAT, low_dtype,
-                             **_output_mark(not (spec.quant_delay or gated)))
+            result = out.cast(p + "/FromFloat32", result, _FLOAT, low_dtype,
+                              **_output_mark(not (spec.quant_delay or gated)))
         if spec.quant_delay:
             if step is None:
                 raise ValueError("quant_delay needs the quantization step.")
@@ -303,20 +281,20 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
                 spec, fake_quant_gradient.DELAYED_GRADIENT_OP_TYPE)
             # TF1's Select: for a scalar condition its kernel forwards the
             # chosen input; SelectV2 broadcasts and copies it.
-            out = self._node(p + "/delayed_quant", "Select",
-                             [active, out, input_ref or self._external(spec.inputs)],
-                             T=spec.inputs.dtype.base_dtype, **_output_mark(not gated),
-                             **gradient)
+            result = out.node(p + "/delayed_quant", "Select",
+                              [active, result, input_ref or out.external(spec.inputs)],
+                              T=spec.inputs.dtype.base_dtype, **_output_mark(not gated),
+                              **gradient)
         if gated:
             # Replicas: the value waits for this step's combined range updates
             # (no range's statistics read it: `statistics_packs.gated_plans`).
-            out = self._node(p + "/after_range_update", "Identity", [out],
-                             control=[self.update_group()],
-                             T=spec.inputs.dtype.base_dtype, **_output_mark(True))
-        self._outputs.append(out + ":0")
+            result = out.node(p + "/after_range_update", "Identity", [result],
+                              control=[self.update_group()],
+                              T=spec.inputs.dtype.base_dtype, **_output_mark(True))
+        self._outputs.append(result + ":0")
         return len(self._outputs) - 1
 
-    def declare(self, spec: QuantizerSpec) -> tuple:
+    def declare(self, spec: QuantizerSpec) -> Tuple[str, str]:
         """Reserves the name scope and adds the range variables of a quantizer
         `add` builds later (a per-tensor range of its own); returns the names of
         its (min, max) variables.
@@ -327,25 +305,17 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
         """
         if id(spec) not in self._declared:
             p = self._nodes.unique_name(spec.variables_prefix or spec.prefix)
-            device, variable_device = self._device, self._variable_device
-            self._device, self._variable_device = spec.device, spec.variable_device
-            collections = self._collections(spec)
+            collections = _collections(spec)
             self._declared[id(spec)] = (
-                p, self._variable(p, "min", [], spec.init_min, collections),
-                self._variable(p, "max", [], spec.init_max, collections))
-            self._device, self._variable_device = device, variable_device
+                p, self._writer.variable(p, "min", [], spec.init_min, collections,
+                                         spec.variable_device),
+                self._writer.variable(p, "max", [], spec.init_max, collections,
+                                      spec.variable_device))
         return self._declared[id(spec)][1:]
 
-    @staticmethod
-    def _collections(spec: QuantizerSpec) -> List[str]:
-        collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
-        if spec.vars_collection:
-            collections.append(spec.vars_collection)
-        return collections
-
-    def _cast(self, name: str, x: str, src: tf.DType, dst: tf.DType, **attrs) -> str:
-        """Mixed precision: FakeQuant runs in float32 between two casts."""
-        return self._node(name, "Cast", [x], SrcT=src, DstT=dst, Truncate=False, **attrs)
+    def update_group(self) -> str:
+        """The NoOp that runs this batch's combined range updates (a name reserved now)."""
+        return self._statistics.update_group()
 
     def output(self, index: int) -> str:
         """The rewrite's node consumers of quantizer `index` read."""
@@ -357,18 +327,18 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
 
     def range_prefix(self, index: int) -> str:
         """The name scope of the variables quantizer `index` reads."""
-        return self._variables[index][0].rsplit("/", 1)[0]
+        return self._quantizers[index].variables[0].rsplit("/", 1)[0]
 
     def finish(self) -> None:
         """Adds what the quantizers share: the replicas' combined range updates
         (`step_statistics`), the moving averages' rates, the nudged ranges of
         training quantizers."""
-        self._combine_step_statistics()  # Before the rates: it asks for some.
-        self._emit_rates()
+        self._statistics.combine(self._quantizers)  # Before the rates: it asks for some.
+        self._updates.emit_rates()
         if self._training_fake_quants:
             fake_quant_gradient.add_nudged_ranges(
                 self._rewrite, self._training_fake_quants,
-                self._shared_scope_name() + "/nudged_ranges")
+                self._writer.shared_scope() + "/nudged_ranges")
             self._training_fake_quants = []
 
     def build(self) -> List[tf.Tensor]:
@@ -389,6 +359,13 @@ class QuantizerBatch(range_updates.RangeUpdates, step_statistics.StepStatistics)
         self.finish()
         ops = rewrite_lib.apply(self._rewrite)
         return [self._nodes.tensor(ops, ref) for ref in self._outputs]
+
+
+def _collections(spec: QuantizerSpec) -> List[str]:
+    collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
+    if spec.vars_collection:
+        collections.append(spec.vars_collection)
+    return collections
 
 
 def _output_mark(is_output: bool) -> dict:

@@ -76,7 +76,7 @@ class RangeInput:
 class WidthFloor:
     """A lower bound on a moving-average range's width: a TFLite kernel's precondition.
 
-    `qat.quantize.plan.kernel_preconditions` declares the forms; with L the
+    `qat.quantize.plan.kernels.kernel_preconditions` declares the forms; with L the
     steps of the floored range, its width must reach `bound * L * X`, X being
     max(s_in) (RATIO), max(s_in)^2 (SQUARE), s_in * max_c(s_w,c) (PRODUCT),
     max_c(|bias_c| / s_w,c) (BIAS) or 1 (MINIMUM), where s = width / levels of
@@ -122,7 +122,7 @@ class QuantizerSpec:
         prior such as [-6, 6] squashes small activations), the mean of the
         batches so far early on (a fast-growing range is followed), rate
         1 - decay later. False: rate 1 - decay from `init_min` / `init_max`.
-      range_of: shared ranges (`qat.quantize.plan.shared_ranges`): the index, in
+      range_of: shared ranges (`qat.quantize.plan.ranges.shared_ranges`): the index, in
         the same batch, of an earlier quantizer whose range this one reads;
         it then owns no variables and updates nothing.
       range_before_update: with `range_of`, in training: read that
@@ -133,7 +133,7 @@ class QuantizerSpec:
         join this quantizer's in its range update (the other members of a
         concatenation's group).
       fixed_range: a constant (min, max) instead of variables
-        (`qat.quantize.plan.fixed_ranges`): no variables, no updates.
+        (`qat.quantize.plan.ranges.fixed_ranges`): no variables, no updates.
       variables_prefix: the name scope of the range variables when it is not
         `prefix` (a recurrence's range is named after its first step, and
         that step's quantizer, which reads it, takes the same scope).

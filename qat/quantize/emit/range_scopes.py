@@ -1,7 +1,7 @@
 """Range variables named after another quantizer: a recurrence's first step.
 
 The steps of a recurrence share one range per cell value
-(`qat.quantize.plan.recurrences`), named after the first step, so that a
+(`qat.quantize.plan.model.recurrences`), named after the first step, so that a
 checkpoint depends neither on the number of steps nor on the loop's form. The
 quantizer owning the range may be built before the first step's: its spec's
 `variables_prefix` is the first step's scope, and the first step's own
