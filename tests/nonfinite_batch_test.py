@@ -302,8 +302,15 @@ class GraphTrainingTest(tf.test.TestCase):
             coverage = report.coverage_report(graph, outputs=["output"],
                                               checkpoint=self._checkpoint)
         warnings = [r.getMessage() for r in logs.records if "skipped" in r.getMessage()]
-        self.assertLen(warnings, 1, warnings)
-        self.assertIn(f"{_INPUT_RANGE} (of images:0) skipped 4 training batches", warnings[0])
+        # The input range skips every bad batch. Whether its FakeQuant passes a
+        # NaN on, so that later ranges skip it too, differs between machines
+        # (TensorFlow's kernel passes it on some CPUs and clamps it on others):
+        # the later ranges' warnings are counted from the counters.
+        skipping = sorted(n.rsplit("/", 1)[0] for n, c in self._counts.items() if c)
+        self.assertLen(warnings, len(skipping), warnings)
+        self.assertIn(_INPUT_RANGE, skipping)
+        self.assertTrue(any(f"{_INPUT_RANGE} (of images:0) skipped 4 training batches" in w
+                            for w in warnings), warnings)
         counted = {q.name: q.skipped_batches for q in coverage.quantizers}
         self.assertEqual(counted[_INPUT_RANGE], 4)
         self.assertIn(f"{_INPUT_RANGE}: 4", "\n".join(coverage.summary_lines()))
