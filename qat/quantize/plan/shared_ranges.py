@@ -83,8 +83,8 @@ constant zero states of stacked recurrent layers), all read that range in
 both graphs.
 
 Not grouped: concatenation inputs with no range planned in this call (a
-FakeQuant the user or an earlier call built, a fixed-range op's output such
-as a sigmoid's), which keep their own scale.
+FakeQuant the user or an earlier call built), which keep their own scale; those
+on a kernel's fixed grid (a sigmoid's) keep it and add no statistics to the group.
 """
 from typing import Dict, List
 
@@ -281,8 +281,8 @@ def share_concat_ranges(planner, ordered: List[tf.Operation],
                 or all(planner.plans[t].fixed is not None for t in members)):
             continue  # Fixed grids: the kernels', constants.
         if any(t in stepped for t in members):
-            # The member computed last owns the range (nothing in the group
-            # depends on it), named as its cell op's first step.
+            # The last member with a learned range owns it, named as its cell op's
+            # first step; a fixed grid after it (a last TANH state) adds no statistics.
             order = order if order is not None else planner.topological_index()
             owner = max((t for t in members if planner.plans[t].fixed is None),
                         key=lambda t: (order.get(t.op, -1), t.value_index))
@@ -297,7 +297,8 @@ def share_concat_ranges(planner, ordered: List[tf.Operation],
             plan = planner.plans[t]
             # A rounding (an average pool's output) reads the group's range instead.
             plan.shared, plan.before_update = owner_plan, True
-            owner_plan.members.append(t)
+            if plan.fixed is None:  # A fixed grid adds no statistics (module docstring).
+                owner_plan.members.append(t)
 
 
 # Ops whose TFLite kernel needs one scale for its values and output, which the
@@ -353,10 +354,9 @@ def _removed_reduction_sources(planner, member: tf.Tensor) -> List[tf.Tensor]:
 
     Its FakeQuant (`plan_identity_rounding`) reads its input's source range;
     the converter removes the reduction (runs the reverse in its input's
-    scale), so the concatenation reads that
-    source's tensor in TFLite: the source joins the group (and so on up a
-    chain of such reductions), or TFLite sees two scales ("same scale
-    constraint").
+    scale), so the concatenation reads that source's tensor in TFLite: the
+    source joins the group (and so on up a chain of such reductions), or
+    TFLite sees two scales ("same scale constraint").
     """
     found = []
     t = member

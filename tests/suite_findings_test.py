@@ -1,0 +1,77 @@
+"""What the property suites found (issue #43), each a small graph that failed.
+
+* A static basic RNN cell read by a dense head: the cell's concatenations and
+  states form one shared range, whose owner (the last concatenation) is the
+  last member with a learned range. The last step's state, a TANH output on
+  its fixed grid, joins the group through the step before it, and is computed
+  from the owner's quantized value: its statistics in the owner's update made
+  the training graph a cycle TensorFlow refuses to run ("Graph is invalid,
+  contains a cycle").
+"""
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from absl.testing import absltest  # pylint: disable=g-import-not-at-top
+
+import qat  # pylint: disable=g-import-not-at-top
+
+tf.compat.v1.disable_eager_execution()
+tf1 = tf.compat.v1
+
+_STEPS, _FEATURES, _UNITS, _CLASSES = 3, 4, 2, 3
+
+
+def _static_rnn_with_head(training: bool):
+    """A BasicRNNCell unrolled over 3 steps, its last output read by a dense head.
+
+    Returns:
+      (graph, input placeholder, loss or None).
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(0)
+        x = tf1.placeholder(tf.float32, [4, _STEPS, _FEATURES], name="input")
+        with tf1.variable_scope("net", use_resource=True):
+            cell = tf1.nn.rnn_cell.BasicRNNCell(_UNITS)
+            outputs, _ = tf1.nn.static_rnn(cell, tf.unstack(x, axis=1), dtype=tf.float32)
+            logits = tf1.layers.dense(outputs[-1], _CLASSES, name="head")
+        out = tf.identity(logits, name="output")
+        loss = tf.reduce_mean(tf.square(out), name="loss") if training else None
+    return graph, x, loss
+
+
+def _range_variables(graph):
+    with graph.as_default():
+        return sorted(v.op.name for v in tf1.global_variables()
+                      if v.op.name.endswith(("/min", "/max")))
+
+
+class RecurrentGroupCycleTest(absltest.TestCase):
+
+    def test_training_graph_runs(self):
+        graph, x, loss = _static_rnn_with_head(training=True)
+        with graph.as_default():
+            qat.experimental_create_training_graph(graph, symmetric_weights=True)
+            train = tf1.train.GradientDescentOptimizer(0.01).minimize(loss)
+            with tf1.Session() as sess:
+                sess.run(tf1.global_variables_initializer())
+                rows = np.random.RandomState(0).uniform(0, 1, (4, _STEPS, _FEATURES))
+                for _ in range(2):  # Failed with "Graph is invalid, contains a cycle".
+                    _, value = sess.run([train, loss], {x: rows})
+        self.assertTrue(np.isfinite(value))
+
+    def test_eval_graph_has_the_training_ranges(self):
+        train_graph, _, _ = _static_rnn_with_head(training=True)
+        qat.experimental_create_training_graph(train_graph, symmetric_weights=True)
+        eval_graph, _, _ = _static_rnn_with_head(training=False)
+        qat.experimental_create_eval_graph(eval_graph, symmetric_weights=True)
+        self.assertNotEmpty(_range_variables(eval_graph))
+        self.assertEqual(_range_variables(train_graph), _range_variables(eval_graph))
+
+
+if __name__ == "__main__":
+    absltest.main()
