@@ -14,6 +14,12 @@
   same-scale ops only and reported the drop path's `Mul` without a range (49
   of the training family's 63 violations on eecbd59): it looks through
   dropout as the planner does.
+* `tf.nn.zero_fraction` (slim's sparsity summary) of a layer's bias add under
+  control flow v2 is a `StatelessIf` of an int64 count reading the bias add,
+  which joined the layer's tail (an If may be a tf_keras batch norm's cond)
+  and so was never found to be an observer: the ReLU6 after the bias add
+  did not fuse, and the training graph's `conv/act_quant` quantized the bias
+  add where the eval graph's quantizes the ReLU6.
 """
 import os
 import types
@@ -117,6 +123,36 @@ class DropPathOutputTest(absltest.TestCase):
             converter_networks.ConvNet(4, "none", (block,)), training_loop.Regime("sgd_1", 2),
             training_branches.Branches(drop_path="div_mask", drop_block=0))
         self.assertEqual(converter_training_runs.violations(run), {})
+
+
+def _observed_conv(observed: bool, training: bool = True) -> tf.Graph:
+    """conv -> bias -> ReLU6, its bias add watched by zero_fraction (control flow v2)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [4, 5, 5, 3], name="input")
+        y = tf1.layers.conv2d(x, 4, 3, name="conv")
+        if observed:
+            tf1.summary.scalar("sparsity", tf.nn.zero_fraction(y))
+        out = tf.identity(tf.nn.relu6(y), name="output")
+        if training:
+            tf.reduce_mean(tf.square(out), name="loss")
+    return graph
+
+
+def _quantized_tensors(graph):
+    return {op.name.rsplit("/", 1)[0]: op.inputs[0].name for op in graph.get_operations()
+            if op.type.startswith("FakeQuant") and "weights_quant" not in op.name}
+
+
+class ObserverOfALayerTest(absltest.TestCase):
+
+    def test_zero_fraction_leaves_the_activation_fused(self):
+        self.assertTrue(tf1.control_flow_v2_enabled())
+        watched, plain = _observed_conv(True), _observed_conv(False)
+        for graph in (watched, plain):
+            qat.experimental_create_training_graph(graph, symmetric_weights=True)
+        self.assertEqual(_quantized_tensors(watched), _quantized_tensors(plain))
+        self.assertEqual(_quantized_tensors(watched)["conv/act_quant"], "Relu6:0")
 
 
 if __name__ == "__main__":
