@@ -20,6 +20,12 @@
   and so was never found to be an observer: the ReLU6 after the bias add
   did not fuse, and the training graph's `conv/act_quant` quantized the bias
   add where the eval graph's quantizes the ReLU6.
+* A model that transposes its input (channels first) before the first layer:
+  the int8 converter merges the input's QUANTIZE into the TRANSPOSE, whose
+  tensor `qat.export`'s range survival did not look for (the input's range
+  reported lost); and where the transposed shape equals the input's (3
+  channels, 3x3), `qat.report.layer_numerics` matched the TRANSPOSE's tensor
+  ("transpose;input_quant/...") to the input's row (146 steps "off").
 """
 import os
 import types
@@ -32,6 +38,9 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
+from qat import export  # pylint: disable=g-import-not-at-top
+from qat import report  # pylint: disable=g-import-not-at-top
+from qat.export import convert  # pylint: disable=g-import-not-at-top
 from tools.property import converter_networks  # pylint: disable=g-import-not-at-top
 from tools.property import converter_training_runs  # pylint: disable=g-import-not-at-top
 from tools.property import invariants  # pylint: disable=g-import-not-at-top
@@ -153,6 +162,47 @@ class ObserverOfALayerTest(absltest.TestCase):
             qat.experimental_create_training_graph(graph, symmetric_weights=True)
         self.assertEqual(_quantized_tensors(watched), _quantized_tensors(plain))
         self.assertEqual(_quantized_tensors(watched)["conv/act_quant"], "Relu6:0")
+
+
+def _transposed_input_eval_graph(size: int):
+    """A channels-first input [n, 3, size, size] transposed, then a 1x1 conv and
+    ReLU, rewritten for eval with set ranges and frozen."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3, size, size], name="input")
+        y = tf1.layers.conv2d(tf.transpose(x, [0, 2, 3, 1]), 2, 1, activation=tf.nn.relu,
+                              name="conv")
+        tf.identity(y, name="output")
+        qat.experimental_create_eval_graph(graph, symmetric_weights=True)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            for v in tf1.global_variables():
+                name = v.op.name
+                if name.endswith(("/min", "/max")) and "weights_quant" not in name:
+                    low, high = (-1.0, 1.0) if "input_quant" in name else (0.0, 4.0)
+                    sess.run(v.assign(low if name.endswith("/min") else high))
+            return export.freeze_session(sess, ["output"])
+
+
+class TransposedInputTest(absltest.TestCase):
+
+    def test_input_range_survives(self):
+        frozen = _transposed_input_eval_graph(5)
+        for flavour in ("uint8", "int8"):
+            model = convert.convert_frozen_graph(frozen, ["input"], ["output"], flavour)
+            survival = export.check_ranges(frozen, model, flavour=flavour)
+            self.assertEqual([r.describe() for r in survival.lost], [], flavour)
+
+    def test_layer_numerics_match_the_input(self):
+        """3 channels of 3x3: the transposed tensor has the input's shape."""
+        frozen = _transposed_input_eval_graph(3)
+        samples = np.random.RandomState(0).uniform(-1, 1, (8, 3, 3, 3)).astype(np.float32)
+        for flavour in ("uint8", "int8"):
+            numerics = report.layer_numerics(frozen, "input", ["output"], samples,
+                                             flavour=flavour)
+            for row in numerics.rows:
+                self.assertFalse(row.max_own_steps > 1.0 + 1e-3, f"{flavour}: {row}")
+            self.assertIsNotNone(numerics.rows[-1].tflite_tensor)
 
 
 if __name__ == "__main__":
