@@ -19,7 +19,11 @@
   which joined the layer's tail (an If may be a tf_keras batch norm's cond)
   and so was never found to be an observer: the ReLU6 after the bias add
   did not fuse, and the training graph's `conv/act_quant` quantized the bias
-  add where the eval graph's quantizes the ReLU6.
+  add where the eval graph's quantizes the ReLU6. Likewise TF 1's guard of an
+  assert (an unread Merge of a cond whose branch ends in the Identity the
+  Assert orders: `tf.debugging.assert_*` and the asserts of
+  `tf.compat.v1.metrics.auc` under control flow v1) was no observer, nor was
+  anything that only it read.
 * A model that transposes its input (channels first) before the first layer:
   the int8 converter merges the input's QUANTIZE into the TRANSPOSE, whose
   tensor `qat.export`'s range survival did not look for (the input's range
@@ -36,6 +40,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
+from absl.testing import parameterized  # pylint: disable=g-import-not-at-top
 
 import qat  # pylint: disable=g-import-not-at-top
 from qat import export  # pylint: disable=g-import-not-at-top
@@ -134,17 +139,35 @@ class DropPathOutputTest(absltest.TestCase):
         self.assertEqual(converter_training_runs.violations(run), {})
 
 
-def _observed_conv(observed: bool, training: bool = True) -> tf.Graph:
-    """conv -> bias -> ReLU6, its bias add watched by zero_fraction (control flow v2)."""
+def _zero_fraction(t):
+    tf1.summary.scalar("sparsity", tf.nn.zero_fraction(t))
+
+
+def _assert(t):
+    tf.debugging.assert_greater_equal(t, tf.reduce_min(t))
+
+
+def _auc(t):
+    flat = tf.reshape(t, [4, -1])
+    tf1.metrics.auc(tf.one_hot(tf.zeros([4], tf.int32), int(flat.shape[-1])), tf.sigmoid(flat))
+
+
+def _observed_conv(observer=None, control_flow_v2: bool = True, tanh: bool = False) -> tf.Graph:
+    """conv -> bias -> ReLU6 (or tanh), the bias add (the tanh) watched by `observer`."""
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float32, [4, 5, 5, 3], name="input")
         y = tf1.layers.conv2d(x, 4, 3, name="conv")
-        if observed:
-            tf1.summary.scalar("sparsity", tf.nn.zero_fraction(y))
-        out = tf.identity(tf.nn.relu6(y), name="output")
-        if training:
-            tf.reduce_mean(tf.square(out), name="loss")
+        act = tf.nn.tanh(y) if tanh else tf.nn.relu6(y)
+        if observer is not None:
+            if not control_flow_v2:
+                tf1.disable_control_flow_v2()
+            try:
+                observer(act if tanh else y)
+            finally:
+                tf1.enable_control_flow_v2()
+        out = tf.identity(act, name="output")
+        tf.reduce_mean(tf.square(out), name="loss")
     return graph
 
 
@@ -153,15 +176,22 @@ def _quantized_tensors(graph):
             if op.type.startswith("FakeQuant") and "weights_quant" not in op.name}
 
 
-class ObserverOfALayerTest(absltest.TestCase):
+class ObserverOfALayerTest(parameterized.TestCase):
 
-    def test_zero_fraction_leaves_the_activation_fused(self):
+    @parameterized.named_parameters(
+        ("zero_fraction_v2", _zero_fraction, True, False),
+        ("assert_v1", _assert, False, False),
+        ("auc_v1", _auc, False, False),
+        ("auc_of_tanh_v1", _auc, False, True))
+    def test_quantizers_as_unwatched(self, observer, control_flow_v2, tanh):
         self.assertTrue(tf1.control_flow_v2_enabled())
-        watched, plain = _observed_conv(True), _observed_conv(False)
+        watched = _observed_conv(observer, control_flow_v2, tanh)
+        plain = _observed_conv(tanh=tanh)
         for graph in (watched, plain):
             qat.experimental_create_training_graph(graph, symmetric_weights=True)
         self.assertEqual(_quantized_tensors(watched), _quantized_tensors(plain))
-        self.assertEqual(_quantized_tensors(watched)["conv/act_quant"], "Relu6:0")
+        if not tanh:
+            self.assertEqual(_quantized_tensors(watched)["conv/act_quant"], "Relu6:0")
 
 
 def _transposed_input_eval_graph(size: int):
