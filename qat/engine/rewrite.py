@@ -12,7 +12,8 @@ done. `apply` checks all of it before it edits anything:
 2. every reroute is checked: the consumer is an op of the graph that reads
    the old tensor at that input, and the new tensor has the same dtype and a
    compatible shape (taken from the scratch graph); control inputs name ops
-   of the graph or of the batch;
+   of the graph or of the batch; the new edges make no cycle
+   (`qat.engine.rewrite_cycles`);
 3. only then are the ops imported into the graph (TensorFlow adds all or
    none), the inputs moved, control inputs, variables and collection entries
    added.
@@ -39,6 +40,7 @@ from tensorflow.core.framework import variable_pb2
 
 from qat.engine import node_batch
 from qat.engine import range_variables
+from qat.engine import rewrite_cycles
 
 # A new tensor: a node of the batch (`name` or `name:<i>`), or an existing one.
 TensorRef = Union[str, tf.Tensor]
@@ -161,6 +163,15 @@ class Rewrite(object):
             if op.graph is not self.graph or not name.startswith("_"):
                 raise RewriteError(f"Attribute {name} of '{op.name}': only internal "
                                    "attributes of ops of the graph are set.")
+        cycle = rewrite_cycles.find_cycle(
+            self.nodes._gdef.node, self.nodes._ext,  # pylint: disable=protected-access
+            [(r.consumer, r.index, r.old, r.new) for r in self._reroutes], self._control)
+        if cycle:
+            shown = cycle if len(cycle) <= 8 else cycle[:6] + ["..."] + cycle[-2:]
+            raise RewriteError(
+                f"qat's rewrite would make a cycle of {len(cycle) - 1} ops, which TensorFlow "
+                f"refuses to run: {' -> '.join(shown)}. A new op reads a tensor computed "
+                "from the op it feeds: a bug in qat; please report it with this graph.")
 
 
 def apply(rewrite: Rewrite) -> Dict[str, tf.Operation]:

@@ -12,7 +12,8 @@ on another grid than the eval graph's.
 A range's tensors are found by TFLite's names (`qat.tflite.names`):
 a tensor named after the FakeQuant, the op it quantizes (back through
 Identity) or a pass-through op reading it (Identity, Reshape, Squeeze,
-ExpandDims), with a compatible shape; where there is none because the
+ExpandDims, Transpose: the converter merges a model input's QUANTIZE into the
+TRANSPOSE of a channels-first input), with its shape; where there is none because the
 converter removed the ops after it (a reduction over size-1 axes), the
 tensor of the first op after them. The range survives when one of them
 has its scale and zero point (FakeQuant's nudged zero point; int8 models
@@ -47,7 +48,8 @@ MERGED = "merged"
 # such as tf_keras Normalization's x - 0 and x / 1 after a Rescaling).
 _SCALE_RTOL = 1e-3
 _EMPTY_RANGE_WIDTH = 1e-5
-_ALIAS_FORWARD = frozenset(["Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims"])
+_ALIAS_FORWARD = frozenset(["Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims",
+                            "Transpose"])
 _ALIAS_BACKWARD = frozenset(["Identity"])
 _INPUT_TYPES = frozenset(["Placeholder", "PlaceholderWithDefault"])
 

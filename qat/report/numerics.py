@@ -230,7 +230,8 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
     tflite = run_tflite_tensors(model, feeds if len(feeds) > 1 else next(iter(feeds.values())),
                                 batch_size)
     graph_ops = {op.name for op in graph.get_operations()}
-    matches = tflite_names.match_rows(rows_spec, qat_values, tflite, graph_ops)
+    permuting = frozenset(op.name for op in graph.get_operations() if op.type == "Transpose")
+    matches = tflite_names.match_rows(rows_spec, qat_values, tflite, graph_ops, permuting)
     survival = range_survival.check_ranges(frozen_graph_def, model)
     # A range the converter merged into another op's tensor (the same scale
     # and zero point): that tensor holds the row's value whatever its name.

@@ -21,6 +21,7 @@ from qat.tf2 import keras_files
 from qat.tf2 import options as options_lib
 from qat.tf2 import precision as precision_lib
 from qat.tf2 import ranges
+from qat.tf2 import recurrent_kernels
 from qat.tf2 import replicas
 from qat.tf2 import rewriter as rewriter_lib
 
@@ -73,7 +74,8 @@ def _methods(base, saving):
                 functools.partial(ranges.make_statistic, self.qat_statistics))
             precision = precision_lib.Precision(model, calls.keras_flavour(model))
             self._qat = _Hidden(rewriter_lib.FunctionRewriter(
-                call, options.rewrite_configs(), store, precision))
+                call, options.rewrite_configs(), store, precision,
+                recurrent_kernels.GenericRecurrences(model)))
             self._qat.value.plan()
             self.built = True
 

@@ -14,6 +14,8 @@ Both read the same variables (`qat.tf2.ranges.RangeStore`), made by the
 first trace of the training function (`plan`). A Keras model under a mixed
 precision policy is traced computing in float32, and the training function's
 quantized layers then compute in their layers' dtype (`qat.tf2.precision`).
+Its recurrent layers that may run as a cuDNN op are traced on their generic
+path (`qat.tf2.recurrent_kernels`), on machines with a GPU as without.
 The training function also counts, per range, the batches whose values were
 not finite (`skipped_batches`); Python reads the counters where it runs
 anyway (an eager training call, Keras's `fit`, `inference_function`) and
@@ -45,6 +47,7 @@ from qat.report import skipped_batches as skipped_lib
 from qat.tf2 import calls
 from qat.tf2 import precision as precision_lib
 from qat.tf2 import ranges
+from qat.tf2 import recurrent_kernels
 from qat.tf2 import replicas
 
 
@@ -57,14 +60,18 @@ class FunctionRewriter(object):
       store: where the ranges live.
       precision: a Keras model's layer dtypes; None for a model without
         Keras layers (traced as it computes).
+      recurrences: a Keras model's recurrent layers that may run as a cuDNN
+        op, traced on their generic path (`qat.tf2.recurrent_kernels`).
     """
 
     def __init__(self, call: calls.ModelCall,
                  configs: Dict[bool, config_lib.RewriteConfig],
                  store: ranges.RangeStore,
-                 precision: Optional[precision_lib.Precision] = None):
+                 precision: Optional[precision_lib.Precision] = None,
+                 recurrences: Optional[recurrent_kernels.GenericRecurrences] = None):
         self.call = call
         self.precision = precision if precision is not None and precision.is_mixed else None
+        self.recurrences = recurrences
         # Keras models name their ops after themselves; a tf.Module or a
         # function is scoped by its name, so its ranges are `<name>/...`.
         self.scope = "" if call.inputs_as_one else _identifier(call.name) + "/"
@@ -96,7 +103,9 @@ class FunctionRewriter(object):
                 xla_compilation.mark_compiled(tf.compat.v1.get_default_graph())
             float32 = (self.precision.float32_trace() if self.precision is not None
                        else contextlib.nullcontext())
-            with tf.name_scope(self.scope), float32:
+            generic = (self.recurrences.trace() if self.recurrences is not None
+                       else contextlib.nullcontext())
+            with tf.name_scope(self.scope), float32, generic:
                 outputs = self.call(list(inputs), training)
             outputs = self._rewrite(outputs, training)
             if xla:

@@ -45,7 +45,8 @@ def _suffix(name: str, op_name: str) -> int:
 
 
 def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
-               tflite: Dict[str, Dict[str, Any]], graph_ops: set) -> List[Optional[str]]:
+               tflite: Dict[str, Dict[str, Any]], graph_ops: set,
+               permuting_ops: frozenset = frozenset()) -> List[Optional[str]]:
     """The TFLite tensor of each row: None where none matched.
 
     Args:
@@ -54,13 +55,18 @@ def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
       values: the eval graph's value of each row (for its shape).
       tflite: `qat.report.model_runs.run_tflite_tensors`' result.
       graph_ops: the eval graph's op names.
+      permuting_ops: the names of its ops that reorder values (Transpose).
 
     A row takes a tensor of its shape named after its first candidate TF op
     that has one (quantized tensors first; of a lowered op's numbered tensors
     the last). A fused TFLite op names its tensor
     after every TF op it fused ("relu;BiasAdd;Conv2D") and holds the last
     one's output, so a tensor named after the ops of several rows (a layer's
-    own quantizer and its activation's) belongs to the last of them only.
+    own quantizer and its activation's) belongs to the last of them only; nor
+    does a tensor whose first name is a transpose of the row's value (the
+    converter merges a model input's QUANTIZE into the TRANSPOSE of a
+    channels-first input, naming it "transpose;input_quant/..."), whatever
+    its shape.
     """
     rows_of_op: Dict[str, List[int]] = {}
     for i, (_, _, candidates) in enumerate(rows_spec):
@@ -79,7 +85,9 @@ def match_rows(rows_spec: Sequence[tuple], values: Sequence[np.ndarray],
         match = None
         for k, candidate in enumerate(candidates):
             found = [name for name in names_of_op.get(candidate, ())
-                     if last_row[name] == i and tflite[name]["value"].shape == value.shape]
+                     if last_row[name] == i and tflite[name]["value"].shape == value.shape
+                     and (name.split(";")[0] not in permuting_ops
+                          or name.split(";")[0] in candidates)]
             if found:
                 # Integer tensors first. An op the converter lowers to
                 # several (Einsum: TRANSPOSE, BATCH_MATMUL, RESHAPE, ...)

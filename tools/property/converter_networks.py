@@ -63,14 +63,12 @@ HEADS = ("none", "logits", "softmax")
 # Issue #33: how the training graph gets its batch (the eval graph, which is
 # converted, always has the placeholder `input`), a same-scale op on the
 # way in (a pad after the pre-processing, of a smaller input: slim's
-# `conv2d_same`; a reshape of a flat input, before it) and the
+# `conv2d_same`; a reshape of a flat input or a transpose of a channels-first
+# one, before it) and the
 # training loss, under `loss/` (mean square; against a constant; a
 # cross-entropy at temperature 2; label smoothing; hinge `1 - y * logits`).
 FEEDS = ("placeholder", "tf.data", "queue")
-# (A transposed input is left out: the converter merges the input's QUANTIZE
-# into the TRANSPOSE, whose tensor `qat.export`'s range survival and layer
-# numerics do not match to the range before it; the rewrite suite draws it.)
-PIPELINES = ("none", "pad", "reshape")
+PIPELINES = ("none", "pad", "reshape", "transpose")
 LOSSES = rewrite_networks.LOSSES
 WEIGHTED = ("conv", "depthwise", GROUPED, "se", "resize_concat")
 INPUT_CHANNELS = 3
@@ -292,6 +290,8 @@ def feed_shape(net: ConvNet) -> List[Optional[int]]:
         return [None, s - 2, s - 2, INPUT_CHANNELS]
     if net.pipeline == "reshape":
         return [None, s * s * INPUT_CHANNELS]
+    if net.pipeline == "transpose":
+        return [None, INPUT_CHANNELS, s, s]
     return [None, s, s, INPUT_CHANNELS]
 
 
@@ -302,6 +302,8 @@ def inputs(net: ConvNet, n: int, seed: int = 0) -> np.ndarray:
         return np.ascontiguousarray(x[:, 1:-1, 1:-1])
     if net.pipeline == "reshape":
         return x.reshape(n, -1)
+    if net.pipeline == "transpose":
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
     return x
 
 
@@ -415,9 +417,11 @@ def _pipeline(x: tf.Tensor, net: ConvNet) -> tf.Tensor:
 
 
 def _layout(x: tf.Tensor, net: ConvNet) -> tf.Tensor:
-    """A flat batch as NHWC images."""
+    """A flat or channels-first batch as NHWC images."""
     if net.pipeline == "reshape":
         return tf.reshape(x, [-1, net.spatial, net.spatial, INPUT_CHANNELS])
+    if net.pipeline == "transpose":
+        return tf.transpose(x, [0, 2, 3, 1])
     return x
 
 

@@ -364,12 +364,18 @@ def loss_range_violations(graph: tf.Graph) -> List[str]:
 
 def output_range_violations(built: "networks.Built") -> List[str]:
     """The model output, if it has no range: no FakeQuant quantizes it or what
-    it reads through same-scale ops (a pool keeps its input's scale), and it
-    is not on a kernel's fixed grid (a softmax's: `qat.quantize.plan.ranges.fixed_ranges`)."""
+    it reads through same-scale ops (a pool keeps its input's scale) and
+    dropout (a training graph's drop path on the last block: looked through as
+    the planner does), and it is not on a kernel's fixed grid (a softmax's:
+    `qat.quantize.plan.ranges.fixed_ranges`)."""
     t = built.output.op.inputs[0]
     for _ in range(100):
         if _is_fake_quant(t.op) or fixed_ranges.fixed_grid(t.op) is not None:
             return []
+        dropout = dropout_patterns.dropout_ops(t.op)
+        if dropout is not None and t.op in dropout:
+            t = dropout[t.op]
+            continue
         if not t.op.inputs or not (t.op.type in op_table.SAME_SCALE_TYPES
                                    or t.op.type == "Select"
                                    or not marks.computes_the_model(t.op)):

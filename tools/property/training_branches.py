@@ -311,7 +311,11 @@ def observe(kinds: Tuple[str, ...], targets: List[tf.Tensor]) -> None:
             tf.debugging.assert_all_finite(t, name)
         elif kind == "check_numerics":
             tf.debugging.check_numerics(t, name)
-        else:  # A metric (built only here: an unread reshape would be a model output).
+        elif kind == "mean_tensor":
+            # A mean of per-example means: mean_tensor needs a static shape.
+            _, update = tf.compat.v1.metrics.mean_tensor(tf.reduce_mean(t, 0) * 0.5)
+            graph.add_to_collection(OBSERVER_FETCHES, update)
+        else:  # A metric of the examples (the reshape only here: an unread one is a model output).
             flat = tf.reshape(t, [tf.shape(t)[0], -1])
             labels = tf.compat.v1.placeholder_with_default(
                 tf.zeros(tf.shape(flat)[:1], tf.int32), [t.shape[0]], name=name + "_labels")
@@ -321,9 +325,6 @@ def observe(kinds: Tuple[str, ...], targets: List[tf.Tensor]) -> None:
             elif kind == "auc":
                 _, update = tf.compat.v1.metrics.auc(tf.one_hot(labels, classes),
                                                      tf.sigmoid(flat))
-            elif kind == "mean_tensor":
-                # A mean of per-example means: mean_tensor needs a static shape.
-                _, update = tf.compat.v1.metrics.mean_tensor(tf.reduce_mean(t, 0) * 0.5)
             else:  # precision_at_k
                 _, update = tf.compat.v1.metrics.precision_at_k(
                     tf.cast(labels, tf.int64), flat, min(2, classes))

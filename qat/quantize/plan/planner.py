@@ -78,6 +78,11 @@ _AFTER_MODEL_REASON = (
     "a tensor the model does not compute, that only a loss or nothing reads); "
     "it stays float after the model's last range. Name the output with "
     "tf.identity to make it the model's (docs/known_limits.md)")
+_FUSED_RECURRENCE_REASON = (
+    "%s is a whole recurrent layer in one cuDNN op: TFLite has no kernel for it and qat "
+    "cannot quantize its steps. Build the layer on its generic path: Keras 3 LSTM / GRU "
+    "with use_cudnn=False (qat.quantize_model traces them so), tf.compat.v1 cells "
+    "(tf.compat.v1.nn.rnn_cell) with static_rnn or dynamic_rnn (docs/recurrent_models.md)")
 
 
 class Planner(object):
@@ -164,6 +169,8 @@ class Planner(object):
               or op.type in op_table.FIXED_RANGE_TYPES
               or op.type in qp.METADATA_TYPES):  # Read shapes, not values.
             return
+        elif op.type in op_table.FUSED_RECURRENCE_TYPES:
+            book.leave(op.name, _FUSED_RECURRENCE_REASON % op.type)
         elif any(self.reader.is_ranged(i) for i in op.inputs if view.is_data(i)
                  and _is_float(i)):
             if op.type in op_table.FUNCTIONAL_TYPES:

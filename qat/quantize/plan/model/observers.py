@@ -52,6 +52,7 @@ PASS_THROUGH_TYPES = frozenset(["Print", "CheckNumerics", "CheckNumericsV2"])
 # Functional conditionals: TF 2's control flow builds an assert's guard as one
 # (`tf.debugging.assert_*` with control flow v2: AssertGuard).
 _CONDITIONAL_TYPES = frozenset(["If", "StatelessIf"])
+_MERGE_TYPES = frozenset(["Merge", "RefMerge"])
 # What else a guard's branches may hold besides sinks.
 _INERT_TYPES = frozenset(["NoOp", "Identity", "Const", "Placeholder"])
 
@@ -77,10 +78,19 @@ def _branches_only_observe(op: tf.Operation) -> bool:
     return True
 
 
+def _is_assert_guard(op: tf.Operation) -> bool:
+    """TF 1's guard of an assert (`tf.debugging.assert_*` with control flow v1):
+    an unread Merge of its cond's branches, one of which ends in the Identity
+    the Assert orders."""
+    return (op.type in _MERGE_TYPES and not any(o.consumers() for o in op.outputs)
+            and any(is_check(i.op) for i in op.inputs))
+
+
 def is_sink(op: tf.Operation) -> bool:
     """An observation sink (an assert's guard too) or a variable update."""
     return (op.type in SINK_TYPES or qp.is_state_update(op)
-            or (op.type in _CONDITIONAL_TYPES and _branches_only_observe(op)))
+            or (op.type in _CONDITIONAL_TYPES and _branches_only_observe(op))
+            or _is_assert_guard(op))
 
 
 def is_check(op: tf.Operation) -> bool:

@@ -20,6 +20,10 @@ from qat.matching.tensors import forward_closure
 from qat.quantize.plan.model import feeds
 from qat.quantize.plan.ops import patterns as qp
 
+# A tf_keras batch norm's functional cond returns the layer's normalized value.
+_CONDITIONAL_TYPES = frozenset(["If", "StatelessIf"])
+
+
 def is_float(t: tf.Tensor) -> bool:
     """Whether FakeQuant can quantize `t` (float16 / bfloat16 through float32).
 
@@ -139,6 +143,8 @@ class LayerTails(object):
                         continue
                     if _scales_by_scalar(c, self.is_data):
                         continue  # A MUL of its own, never folded.
+                    if c.type in _CONDITIONAL_TYPES and not any(is_float(o) for o in c.outputs):
+                        continue  # No value of the layer's: an observer's (zero_fraction's count).
                     if _reduces_channels(c, layer):
                         continue  # Layer-norm statistics: ops of their own.
                     if _reshapes_channels(c):

@@ -97,6 +97,11 @@ FUNCTIONAL_TYPES = frozenset([
     "StatefulPartitionedCall", "Case", "StatelessCase",
 ])
 
+# A whole recurrent layer in one op (cuDNN's: Keras 3 LSTM / GRU traced where a
+# GPU is visible, tf.compat.v1 cudnn_rnn): TFLite has no kernel for it and qat
+# cannot see its steps; named in `left_float` with what to do instead.
+FUSED_RECURRENCE_TYPES = frozenset(["CudnnRNN", "CudnnRNNV2", "CudnnRNNV3"])
+
 # Random draws (op type prefixes): dropout masks, noise.
 RANDOM_PREFIXES = ("Random", "StatelessRandom", "TruncatedNormal",
                    "StatelessTruncatedNormal", "Multinomial")

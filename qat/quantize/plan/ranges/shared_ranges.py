@@ -66,8 +66,8 @@ constant zero states of stacked recurrent layers), all read that range in
 both graphs.
 
 Not grouped: concatenation inputs with no range planned in this call (a
-FakeQuant the user or an earlier call built, a fixed-range op's output such
-as a sigmoid's), which keep their own scale.
+FakeQuant the user or an earlier call built), which keep their own scale; those
+on a kernel's fixed grid (a sigmoid's) keep it and add no statistics to the group.
 """
 from typing import Dict, List
 
@@ -214,8 +214,8 @@ class ConcatGroups(object):
                     or all(plans[t].fixed is not None for t in members)):
                 continue  # Fixed grids: the kernels', constants.
             if any(t in stepped for t in members):
-                # The member computed last owns the range (nothing in the group
-                # depends on it), named as its cell op's first step.
+                # The last member with a learned range owns it, named as its cell op's
+                # first step; a fixed grid after it (a last TANH state) adds no statistics.
                 order = order if order is not None else view.topological_index()
                 owner = max((t for t in members if plans[t].fixed is None),
                             key=lambda t: (order.get(t.op, -1), t.value_index))
@@ -230,7 +230,8 @@ class ConcatGroups(object):
                 plan = plans[t]
                 # A rounding (an average pool's output) reads the group's range instead.
                 plan.shared, plan.before_update = owner_plan, True
-                owner_plan.members.append(t)
+                if plan.fixed is None:  # A fixed grid adds no statistics (module docstring).
+                    owner_plan.members.append(t)
 
     def _takes_fixed_grid(self, members: List[tf.Tensor]) -> bool:
         """Where a group with an op of `_ONE_SCALE_TYPES` has a member on a
