@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from qat.engine import function_library
 from qat.export import freeze
 from qat.export.errors import GraphLoadError
 from qat.report import float_tensors as float_lib
@@ -172,7 +173,7 @@ def _batch_norm(layer: tf.Operation, tail: float_lib.LayerTail, path, bn_by_vari
             reason = skipped.get(op.name, "not folded: run qat.fold_batch_norms "
                                           "(create_*_graph does)")
             return op.name, "not folded", reason
-        if op.type in structure.FUNCTIONAL_CONTROL_FLOW_TYPES:
+        if op.type in function_library.CALL_TYPES:
             inside = [(name, why) for name, why in skipped.items()
                       if name.startswith(op.name + "/")]
             if inside:  # The fold pass's own record of the batch norm in the body.
