@@ -6,7 +6,8 @@
   * every quantizer: role, bits, per-channel, narrow range, symmetric, and
     its range values (from a live session or a checkpoint), with the
     training batches its range skipped because their values were not finite
-    (`qat.report.skipped_batches`: also warned about, once per range);
+    (`qat.report.skipped_batches`: also warned about, once per range,
+    `qat.quantize.emit.finite_ranges.warn`);
   * every float tensor left on the data path, with the reason
     (`qat.report.float_tensors`).
 `coverage_report_from_files` does the same for a saved eval graph (.meta,
@@ -22,6 +23,7 @@ import tensorflow as tf
 from qat.engine import function_library
 from qat.export import freeze
 from qat.export.errors import GraphLoadError
+from qat.quantize.emit import finite_ranges
 from qat.report import float_tensors as float_lib
 from qat.report import skipped_batches as skipped_lib
 from qat.tflite import graph_structure as structure
@@ -261,7 +263,7 @@ def coverage_report(graph: tf.Graph,
         if name == info.name and name in skipped:
             info.skipped_batches = skipped[name]
             tensors[name] = info.tensor
-    skipped_lib.warn({q.name: q.skipped_batches for q in quantizers if q.skipped_batches},
+    finite_ranges.warn({q.name: q.skipped_batches for q in quantizers if q.skipped_batches},
                      tensors)
     floats = float_lib.find_float_tensors(graph, path, tails, scope)
     for layer in layers:  # Float weights: TFLite needs a range for them too.
