@@ -88,5 +88,5 @@ def read_skipped_batches(sess: Optional[tf.compat.v1.Session] = None,
         counts, tensors = counts_in_graph(None, reader=reader, ranges=ranges), {}
     else:
         raise ValueError("read_skipped_batches needs a session or a checkpoint.")
-    warn(counts, tensors)
+    finite_ranges.warn(counts, tensors)
     return counts
