@@ -54,6 +54,7 @@ from qat import export
 from qat import report
 from qat.export import kernel_checks
 from tools.property import converter_networks as networks
+from tools.property import converter_graphs
 from tools.property import invariants as rewrite_invariants
 from tools.property import sequences
 
@@ -78,9 +79,15 @@ MAX_OWN_STEPS = 1.0 + 1e-3
 
 
 def _family(net):
-    """The module that builds `net`: `converter_networks`, or `sequences` for a
-    recurrent one."""
+    """The module that describes `net` (its inputs): `converter_networks`, or
+    `sequences` for a recurrent one."""
     return sequences if isinstance(net, sequences.SeqNet) else networks
+
+
+def _builder(net):
+    """The module that builds `net`: `converter_graphs`, or `sequences` for a
+    recurrent one."""
+    return sequences if isinstance(net, sequences.SeqNet) else converter_graphs
 
 
 def _session(graph: tf.Graph) -> tf.compat.v1.Session:
@@ -91,7 +98,7 @@ def _session(graph: tf.Graph) -> tf.compat.v1.Session:
     return tf.compat.v1.Session(graph=graph, config=config)
 
 
-def ranges(built: "networks.BuiltNet") -> dict:
+def ranges(built: "converter_graphs.BuiltNet") -> dict:
     """What a rewritten graph quantizes, for `same_ranges_as_export`."""
     quantizers = rewrite_invariants.activation_quantizers(built.graph)
     with built.graph.as_default():
@@ -111,7 +118,7 @@ def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0
       preconditions the ranges its FakeQuants read in the last step violate
       (a message), or None.
     """
-    built = _family(net).build(net, training=True, seed=seed, batch=TRAIN_BATCH)
+    built = _builder(net).build(net, training=True, seed=seed, batch=TRAIN_BATCH)
     graph = built.graph
     with graph.as_default():
         qat.experimental_create_training_graph(graph, symmetric_weights=True)
@@ -151,12 +158,12 @@ def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0, found=
     """The eval graph, rewritten and restored with a plain Saver (strict).
 
     `found`, a dict, gets what the eval graph quantizes (`ranges`); `hooks`
-    build what a generator family adds (`converter_networks.build`).
+    build what a generator family adds (`converter_graphs.build`).
     """
     if isinstance(net, sequences.SeqNet):  # The export graph: the placeholder, no loss.
         built = sequences.build(net, training=False, seed=seed, export=True, batch=None)
     else:
-        built = networks.build(net, training=False, seed=seed, hooks=hooks)
+        built = converter_graphs.build(net, training=False, seed=seed, hooks=hooks)
     graph = built.graph
     with graph.as_default():
         qat.experimental_create_eval_graph(graph, symmetric_weights=True)

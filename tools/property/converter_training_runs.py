@@ -25,8 +25,10 @@ from hypothesis import strategies as st
 from qat.export import kernel_checks
 from tools.property import converter_invariants
 from tools.property import converter_networks as networks
+from tools.property import converter_graphs
 from tools.property import shrinking
 from tools.property import training_branches as branches_lib
+from tools.property import branch_graphs
 from tools.property import training_invariants as checks
 from tools.property import training_loop
 from tools.property import training_runs as rewrite_training_runs
@@ -73,8 +75,8 @@ def shrink(run: ConverterTrainingRun, still_fails, budget: int = 40) -> Converte
 def build(run: ConverterTrainingRun, mode: str, seed: int = 0, branches_on: bool = True,
           observers_on: bool = True):
     """(the built network, its `BranchHooks`) in `mode` (EVAL: the converted graph)."""
-    hooks = branches_lib.BranchHooks(run.branches, mode, branches_on, observers_on)
-    built = networks.build(run.net, training=mode == branches_lib.TRAINING, seed=seed,
+    hooks = branch_graphs.BranchHooks(run.branches, mode, branches_on, observers_on)
+    built = converter_graphs.build(run.net, training=mode == branches_lib.TRAINING, seed=seed,
                            batch=converter_invariants.TRAIN_BATCH, hooks=hooks)
     return built, hooks
 
@@ -145,7 +147,7 @@ def check_run(run: ConverterTrainingRun, seed: int = 0) -> Dict[str, Optional[st
         stage[0] = "eval graph"
         converter_invariants.check_export(
             run.net, checkpoint, model_ranges, results, seed,
-            hooks=branches_lib.BranchHooks(run.branches, branches_lib.EVAL,
+            hooks=branch_graphs.BranchHooks(run.branches, branches_lib.EVAL,
                                            branches_on=False, observers_on=False),
             stage=stage)
     except Exception as e:  # pylint: disable=broad-except
