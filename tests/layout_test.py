@@ -478,6 +478,35 @@ def modules_not_in_architecture(text: str, modules: Dict[str, str]) -> List[str]
     return missing
 
 
+# The public packages any tool may import (docs/architecture.md, "What tools/ read of qat").
+PUBLIC_PACKAGES = frozenset(["qat", "qat.api", "qat.export", "qat.report", "qat.compat"])
+
+
+def documented_tool_interfaces(text: str) -> Set[str]:
+    """The qat modules the table of "What tools/ read of qat" names (first column)."""
+    start = text.find("### What tools/ read of qat")
+    if start < 0:
+        return set()
+    end = text.find("\n### ", start + 1)
+    section = text[start:end if end > 0 else len(text)]
+    return set(re.findall(r"^\| `(qat[A-Za-z0-9_.]*)` \|", section, re.MULTILINE))
+
+
+def undocumented_tool_imports(directory: str, documented: Set[str]) -> List[str]:
+    """'file: qat module' for each import of qat in `directory`'s .py files
+    that is neither a public package nor a documented interface."""
+    modules = qat_modules()
+    found = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".py"):
+            continue
+        path = os.path.join(directory, name)
+        for module in sorted(imports_of("tools." + name[:-len(".py")], path, modules)):
+            if module not in PUBLIC_PACKAGES and module not in documented:
+                found.append(f"{os.path.relpath(path, ROOT)}: {module}")
+    return found
+
+
 def packages_of(modules: Dict[str, str]) -> Set[str]:
     """The modules of `qat_modules()` that are packages."""
     return {m for m, path in modules.items() if path.endswith("__init__.py")}
@@ -579,6 +608,25 @@ class ImportLayoutTest(absltest.TestCase):
         # rewrite is named under tools/, not in engine's entry.
         self.assertEqual(modules_not_in_architecture(text, modules),
                          ["qat.engine.rewrite", "qat.engine.sub.x", "qat.report"])
+
+    def test_property_suites_read_qat_through_documented_interfaces(self):
+        with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+            documented = documented_tool_interfaces(f.read())
+        self.assertIn("qat.export.kernel_checks", documented)
+        self.assertEqual(undocumented_tool_imports(os.path.join(TOOLS_DIR, "property"),
+                                                   documented), [])
+
+    def test_the_tool_interface_check_can_fail(self):
+        directory = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+        with open(os.path.join(directory, "suite.py"), "w", encoding="utf-8") as f:
+            f.write("import qat\nfrom qat.export import kernel_checks\n"
+                    "from qat.prepare import loops\n")
+        self.assertEqual(undocumented_tool_imports(directory, {"qat.export.kernel_checks"}),
+                         [os.path.relpath(os.path.join(directory, "suite.py"), ROOT)
+                          + ": qat.prepare.loops"])
+        self.assertEqual(documented_tool_interfaces(
+            "### What tools/ read of qat\n\n| `qat.engine.marks` | x | y |\n\n### Next\n"
+            "| `qat.prepare` | x | y |\n"), {"qat.engine.marks"})
 
     def test_every_package_has_an_init(self):
         # setuptools (`pip install .`) installs only directories with an __init__.py.

@@ -132,15 +132,14 @@ def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0
                 train_op = tf.no_op()
         init = tf.compat.v1.global_variables_initializer()
         saver = tf.compat.v1.train.Saver()
-        requirements = kernel_checks.graph_requirements(graph)
-        range_fetches = kernel_checks.fetches(requirements)
+        range_check = kernel_checks.RangeCheck(graph)
     with _session(graph) as sess:
         sess.run(init)
         for step in range(TRAIN_STEPS):
-            _, values = sess.run([train_op, range_fetches],
+            _, values = sess.run([train_op, range_check.fetches],
                                  {built.input: _family(net).inputs(net, TRAIN_BATCH, seed + step)})
         saver.save(sess, checkpoint)
-    return found, _describe(kernel_checks.violations(requirements, values))
+    return found, _describe(range_check.violations(values))
 
 
 def _describe(violations) -> Optional[str]:
@@ -148,9 +147,7 @@ def _describe(violations) -> Optional[str]:
 
 
 def _eval_kernel_violations(sess: tf.compat.v1.Session) -> Optional[str]:
-    requirements = kernel_checks.graph_requirements(sess.graph)
-    values = kernel_checks.evaluate(sess, kernel_checks.fetches(requirements))
-    return _describe(kernel_checks.violations(requirements, values))
+    return _describe(kernel_checks.RangeCheck(sess.graph).in_session(sess))
 
 
 def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0, found=None,

@@ -116,16 +116,14 @@ def check_run(run: ConverterTrainingRun, seed: int = 0) -> Dict[str, Optional[st
             branch, observer = checks.extras_problems(plus, zero, "training")
             _record(results, "branches_keep_ranges", branch)
             _record(results, "observers_not_model", observer)
-        requirements = kernel_checks.graph_requirements(plus.graph)
-        with plus.graph.as_default():
-            range_fetches = kernel_checks.fetches(requirements)
+        range_check = kernel_checks.RangeCheck(plus.graph)
         model_ranges = _model_ranges(plus)
         stage[0] = "training"
         checkpoint = os.path.join(workdir, "model")
         batch = lambda step: networks.inputs(run.net, converter_invariants.TRAIN_BATCH,
                                              seed + step)
         trace = training_loop.train(checks.trainee(plus), run.regime, batch,
-                                    checkpoint=checkpoint, last_fetches=range_fetches)
+                                    checkpoint=checkpoint, last_fetches=range_check.fetches)
         _record(results, "ranges_finite", checks.range_problems(trace))
         trainable = {v.op.name for v in plus.model_variables if v.trainable}
         skipped, model = checks.bad_batch_problems(trace, run.regime, trainable)
@@ -143,7 +141,7 @@ def check_run(run: ConverterTrainingRun, seed: int = 0) -> Dict[str, Optional[st
             converter_invariants._record(  # pylint: disable=protected-access
                 results, "kernel_preconditions", "training graph",
                 converter_invariants._describe(  # pylint: disable=protected-access
-                    kernel_checks.violations(requirements, trace.extra)))
+                    range_check.violations(trace.extra)))
         stage[0] = "eval graph"
         converter_invariants.check_export(
             run.net, checkpoint, model_ranges, results, seed,

@@ -135,17 +135,16 @@ def _check_eval(net, results, seed) -> None:
     before = _graph_def_bytes(g)
     qat.create_eval_graph(g)
     results["idempotent_eval"] = _graph_def_change(before, g)
-    requirements = kernel_checks.graph_requirements(g)
+    range_check = kernel_checks.RangeCheck(g)
     with g.as_default():
         init = tf.compat.v1.global_variables_initializer()
     with _session(g) as sess:
         sess.run(init)
-        values = kernel_checks.evaluate(sess, kernel_checks.fetches(requirements))
-    _kernel_violations(results, "eval", requirements, values)
+        found = range_check.in_session(sess)
+    _kernel_violations(results, "eval", found)
 
 
-def _kernel_violations(results, suffix, requirements, values) -> None:
-    found = kernel_checks.violations(requirements, values)
+def _kernel_violations(results, suffix, found) -> None:
     if found and results.get("kernel_preconditions") is None:
         results["kernel_preconditions"] = f"{suffix}: " + "; ".join(
             v.describe() for v in found[:2])
@@ -167,12 +166,12 @@ def _check_training(net, results, seed) -> None:
             results["gradients_finite"] = f"no gradient for {missing}"
             return
         init = tf.compat.v1.global_variables_initializer()
-    requirements = kernel_checks.graph_requirements(g)
+    range_check = kernel_checks.RangeCheck(g)
     with _session(g) as sess:
         sess.run(init)
-        values, ranges = sess.run([grads, kernel_checks.fetches(requirements)],
+        values, ranges = sess.run([grads, range_check.fetches],
                                   {built.input: _inputs(net, seed)})
-    _kernel_violations(results, "training", requirements, ranges)
+    _kernel_violations(results, "training", range_check.violations(ranges))
     bad = [v.op.name for v, d in zip(variables, values) if not np.all(np.isfinite(d))]
     if bad:
         results["gradients_finite"] = f"non-finite gradient for {bad}"
