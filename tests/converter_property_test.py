@@ -35,6 +35,7 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 from tools.property import converter_invariants as invariants  # pylint: disable=g-import-not-at-top
 from tools.property import converter_networks as networks  # pylint: disable=g-import-not-at-top
+from tools.property import converter_graphs  # pylint: disable=g-import-not-at-top
 from tools.property import sequences  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
@@ -162,7 +163,7 @@ class CheckersTest(absltest.TestCase):
         net = networks.ConvNet(6, "scale_offset", (
             networks.ConvBlock("conv", 4, stride=2), networks.ConvBlock("pool", variant="max"),
             networks.ConvBlock("resize_concat", 2, variant="bilinear")), head="logits")
-        built = networks.build(net, training=False)
+        built = converter_graphs.build(net, training=False)
         channels, size = networks.walk(net)[-1]
         self.assertEqual((channels, size), (6, 2))
         self.assertEqual(built.output.shape.as_list(), [None, networks.CLASSES])

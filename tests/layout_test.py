@@ -13,7 +13,7 @@ graph passes through them, the ground first:
   8 api          the graph frontend: wires prepare -> fold -> plan -> emit
   9 tflite       reading what qat built and the converter's names
   10 export, 11 report
-  12 frontends and faces: compat, clients, tf2 (coming), the package face qat
+  12 frontends and faces: compat, clients, tf2, the package face qat
 
 Imports (every `import` and `from ... import` in a module, at any depth,
 function-level ones included; an import names the module it imports, or for
@@ -23,7 +23,11 @@ function-level ones included; an import names the module it imports, or for
     never of a room ranked above ("an arrow back up"); rooms of one rank (the
     frontends) may import each other;
   * no two modules import each other, directly or through others (no cycle);
-  * no module of qat/ is over 400 lines;
+  * the house has at most 11 floors: a room's floor is one above the highest
+    room it imports (1 for one that imports no other);
+  * no module of qat/ is over 400 lines, nor of tools/;
+  * docs/architecture.md names every module of qat/, and a package's
+    `__init__` docstring that lists its modules lists them all;
   * no class of qat/ is over 600 lines counting its bases: the lines of the
     class and of every base class defined in qat/, transitively (mixins
     sharing state through `self` are one class);
@@ -73,6 +77,7 @@ QAT_DIR = os.path.join(ROOT, "qat")
 MAX_LINES = 400
 MAX_CLASS_LINES = 600
 MAX_CLIMBS = 3
+MAX_FLOORS = 11
 PLAN = "qat.quantize.plan"
 MAX_PLAN_ROOT_MODULES = 5
 
@@ -100,6 +105,19 @@ ROOMS = [
 RANK = {room: rank for room, rank, _, _ in ROOMS}
 # The stages a graph passes through, in order (the walk's rooms).
 STAGES = ("prepare", "fold", "plan", "emit", "distribute")
+
+
+TOOLS_DIR = os.path.join(ROOT, "tools")
+def tools_line_counts() -> Dict[str, int]:
+    """{file: lines} of every .py file under tools/."""
+    counts = {}
+    for dirpath, _, files in os.walk(TOOLS_DIR):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                with open(path, encoding="utf-8") as f:
+                    counts[path] = sum(1 for _ in f)
+    return counts
 
 
 def room_of(module: str) -> Optional[str]:
@@ -178,6 +196,33 @@ def upward_imports(graph: Dict[str, Set[str]]) -> List[str]:
                 continue  # Reported by the room check.
             if RANK[high] > RANK[low]:
                 found.append(f"{module} ({low}, {RANK[low]}) -> {other} ({high}, {RANK[high]})")
+    return found
+
+
+def room_graph(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    """The import graph by room (a folder of qat/, or the modules `ROOMS`
+    gives one): room -> the other rooms its modules import."""
+    rooms: Dict[str, Set[str]] = {}
+    for module, imported in graph.items():
+        room = room_of(module)
+        rooms.setdefault(room, set()).update(
+            room_of(o) for o in imported if room_of(o) not in (room, None))
+    rooms.pop(None, None)
+    return rooms
+
+
+def floors(rooms: Dict[str, Set[str]]) -> Dict[str, int]:
+    """{room: its floor}: 1 for a room that imports no other, else one above
+    the highest room it imports (the rooms must have no cycle)."""
+    found: Dict[str, int] = {}
+
+    def floor(room: str) -> int:
+        if room not in found:
+            found[room] = 1 + max((floor(o) for o in rooms.get(room, ())), default=0)
+        return found[room]
+
+    for room in rooms:
+        floor(room)
     return found
 
 
@@ -360,6 +405,108 @@ def unnamed_modules(package_dir: str) -> List[str]:
     return sorted(p for p in parts if p not in words)
 
 
+def listed_modules_missing(package_dir: str) -> List[str]:
+    """The public modules and sub-packages an `__init__` docstring that lists
+    modules leaves out: [] for one that names none, or one (the package's
+    face naming its main module is no list)."""
+    parts = [f[:-len(".py")] for f in os.listdir(package_dir)
+             if f.endswith(".py") and f != "__init__.py" and not f.startswith("_")]
+    parts += [d for d in os.listdir(package_dir)
+              if os.path.exists(os.path.join(package_dir, d, "__init__.py"))]
+    missing = [p for p in unnamed_modules(package_dir) if p in parts]
+    return sorted(missing) if len(parts) - len(missing) > 1 else []
+
+
+def architecture_layout(text: str) -> Dict[str, str]:
+    """{directory under qat/ ("" for qat/ itself): the text of its entry} in
+    the layout block of docs/architecture.md (the code block starting `qat/`).
+
+    An entry is a line naming a directory (`  engine/`, `    ops/` below the
+    entry above it) and the lines indented under it; a line naming a module
+    of qat/ itself (`  api.py`) belongs to "".
+    """
+    start = text.find("\nqat/ ")
+    opening = text.rfind("```", 0, start + 1) if start >= 0 else -1
+    block = (re.search(r"^```\n(.*?)^```", text[opening:], re.MULTILINE | re.DOTALL)
+             if opening >= 0 else None)
+    entries: Dict[str, str] = {}
+    stack: List[Tuple[int, str]] = []  # (indent, directory)
+    current = None
+    for line in (block.group(1) if block else "").splitlines():
+        stripped = line.lstrip(" ")
+        indent = len(line) - len(stripped)
+        head = stripped.split(" ")[0] if stripped else ""
+        if indent == 0:
+            current = "" if head == "qat/" else None
+            stack = []
+        elif head.endswith("/") and indent < 8:
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            parent = stack[-1][1] + "/" if stack else ""
+            current = parent + head.rstrip("/")
+            stack.append((indent, current))
+        elif head.endswith(".py") and indent < 8:
+            current, stack = "", []
+        if current is not None:
+            entries[current] = entries.get(current, "") + " " + stripped
+    return entries
+
+
+def modules_not_in_architecture(text: str, modules: Dict[str, str]) -> List[str]:
+    """The modules of qat/ docs/architecture.md does not name.
+
+    A module is named by its name (the file name without `.py`) in the layout
+    entry of its directory, or anywhere in the text by its path from qat/
+    (`quantize/__init__.py`) or its dotted name in backticks (`qat.compat_tf1`,
+    the old paths); a package by its entry (or an entry below it).
+    """
+    entries = architecture_layout(text)
+    missing = []
+    for module, path in sorted(modules.items()):
+        relative = os.path.relpath(path, QAT_DIR).replace(os.sep, "/")
+        directory, _, name = relative.rpartition("/")
+        if relative in text or f"`{module}`" in text:
+            continue
+        if name == "__init__.py":
+            if directory and not any(e == directory or e.startswith(directory + "/")
+                                     for e in entries):
+                missing.append(module)
+            continue
+        words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*(?:\.py)?", entries.get(directory, "")))
+        if name[:-len(".py")] not in words and name not in words:
+            missing.append(module)
+    return missing
+
+
+# The public packages any tool may import (docs/architecture.md, "What tools/ read of qat").
+PUBLIC_PACKAGES = frozenset(["qat", "qat.api", "qat.export", "qat.report", "qat.compat"])
+
+
+def documented_tool_interfaces(text: str) -> Set[str]:
+    """The qat modules the table of "What tools/ read of qat" names (first column)."""
+    start = text.find("### What tools/ read of qat")
+    if start < 0:
+        return set()
+    end = text.find("\n### ", start + 1)
+    section = text[start:end if end > 0 else len(text)]
+    return set(re.findall(r"^\| `(qat[A-Za-z0-9_.]*)` \|", section, re.MULTILINE))
+
+
+def undocumented_tool_imports(directory: str, documented: Set[str]) -> List[str]:
+    """'file: qat module' for each import of qat in `directory`'s .py files
+    that is neither a public package nor a documented interface."""
+    modules = qat_modules()
+    found = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".py"):
+            continue
+        path = os.path.join(directory, name)
+        for module in sorted(imports_of("tools." + name[:-len(".py")], path, modules)):
+            if module not in PUBLIC_PACKAGES and module not in documented:
+                found.append(f"{os.path.relpath(path, ROOT)}: {module}")
+    return found
+
+
 def packages_of(modules: Dict[str, str]) -> Set[str]:
     """The modules of `qat_modules()` that are packages."""
     return {m for m, path in modules.items() if path.endswith("__init__.py")}
@@ -377,15 +524,22 @@ class ImportLayoutTest(absltest.TestCase):
         self.assertEqual([m for m in sorted(self.graph) if room_of(m) is None], [])
 
     def test_every_declared_room_has_a_place(self):
-        # tf2 is the coming frontend: declared, not there yet.
         present = {room_of(m) for m in self.graph}
-        self.assertEqual(sorted(set(RANK) - present - {"tf2"}), [])
+        self.assertEqual(sorted(set(RANK) - present), [])
 
     def test_no_import_runs_back_up(self):
         self.assertEqual(upward_imports(self.graph), [])
 
     def test_no_import_cycle(self):
         self.assertEqual(cycles(self.graph), [])
+
+    def test_the_house_has_at_most_11_floors(self):
+        # A room's floor is one above the highest room it imports: an import
+        # that lifts a room (the TF 2 frontend reading report/ for a warning)
+        # shows here before the house grows a floor.
+        found = floors(room_graph(self.graph))
+        print("floors:", max(found.values()), sorted(found.items(), key=lambda kv: kv[1]))
+        self.assertLessEqual(max(found.values()), MAX_FLOORS, found)
 
     def test_no_module_over_400_lines(self):
         long = []
@@ -395,6 +549,12 @@ class ImportLayoutTest(absltest.TestCase):
             if count > MAX_LINES:
                 long.append(f"{module}: {count} lines")
         self.assertEqual(long, [])
+
+    def test_no_tools_module_over_400_lines(self):
+        # tools/ (the commands and the property suites) keep the guideline too.
+        long = [f"{os.path.relpath(path, ROOT)}: {count} lines"
+                for path, count in sorted(tools_line_counts().items()) if count > MAX_LINES]
+        self.assertEqual(long, [], "split these tools modules by responsibility")
 
     def test_no_class_over_600_lines_with_its_bases(self):
         sources = {}
@@ -421,6 +581,53 @@ class ImportLayoutTest(absltest.TestCase):
             if "__init__.py" in files:
                 self.assertEqual(unnamed_modules(directory), [], directory)
 
+    def test_init_docstrings_that_list_modules_list_them_all(self):
+        # qat/__init__.py is the package face: its docstring (api.md's first
+        # page) names what users import, not the rooms (docs/architecture.md).
+        for directory, _, files in os.walk(QAT_DIR):
+            if "__init__.py" in files and directory != QAT_DIR:
+                self.assertEqual(listed_modules_missing(directory), [], directory)
+
+    def test_architecture_names_every_module(self):
+        with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+            text = f.read()
+        self.assertEqual(modules_not_in_architecture(text, qat_modules()), [],
+                         "docs/architecture.md, Layout: name these modules in their room's entry")
+
+    def test_the_architecture_check_can_fail(self):
+        text = ("```\nqat/      the library\n  engine/     config (settings), placement\n"
+                "    sub/      inner\n  api.py      the frontend\n  __init__.py   the face\n"
+                "tools/    commands: rewrite\n```\nOld paths: `compat_tf1.py`.\n")
+        entries = architecture_layout(text)
+        self.assertEqual(sorted(entries), ["", "engine", "engine/sub"])
+        modules = {m: os.path.join(QAT_DIR, *rel.split("/")) for m, rel in (
+            ("qat", "__init__.py"), ("qat.api", "api.py"), ("qat.compat_tf1", "compat_tf1.py"),
+            ("qat.engine", "engine/__init__.py"), ("qat.engine.config", "engine/config.py"),
+            ("qat.engine.rewrite", "engine/rewrite.py"), ("qat.engine.sub.x", "engine/sub/x.py"),
+            ("qat.report", "report/__init__.py"))}
+        # rewrite is named under tools/, not in engine's entry.
+        self.assertEqual(modules_not_in_architecture(text, modules),
+                         ["qat.engine.rewrite", "qat.engine.sub.x", "qat.report"])
+
+    def test_property_suites_read_qat_through_documented_interfaces(self):
+        with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+            documented = documented_tool_interfaces(f.read())
+        self.assertIn("qat.export.kernel_checks", documented)
+        self.assertEqual(undocumented_tool_imports(os.path.join(TOOLS_DIR, "property"),
+                                                   documented), [])
+
+    def test_the_tool_interface_check_can_fail(self):
+        directory = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+        with open(os.path.join(directory, "suite.py"), "w", encoding="utf-8") as f:
+            f.write("import qat\nfrom qat.export import kernel_checks\n"
+                    "from qat.prepare import loops\n")
+        self.assertEqual(undocumented_tool_imports(directory, {"qat.export.kernel_checks"}),
+                         [os.path.relpath(os.path.join(directory, "suite.py"), ROOT)
+                          + ": qat.prepare.loops"])
+        self.assertEqual(documented_tool_interfaces(
+            "### What tools/ read of qat\n\n| `qat.engine.marks` | x | y |\n\n### Next\n"
+            "| `qat.prepare` | x | y |\n"), {"qat.engine.marks"})
+
     def test_every_package_has_an_init(self):
         # setuptools (`pip install .`) installs only directories with an __init__.py.
         missing = [os.path.relpath(d, ROOT) for d, _, files in os.walk(QAT_DIR)
@@ -436,6 +643,11 @@ class ImportLayoutTest(absltest.TestCase):
         self.assertIsNone(room_of("qat.stray"))
         self.assertEqual(room_of("qat.quantize.plan.ranges.rules"), "plan")
         self.assertEqual(room_of("qat.quantize"), "plan")
+        made_up = {"qat.engine.a": set(), "qat.matching.b": {"qat.engine.a"},
+                   "qat.prepare.c": {"qat.matching.b", "qat.engine.a"},
+                   "qat.report.d": {"qat.prepare.c"}, "qat.tf2.e": {"qat.report.d"}}
+        self.assertEqual(floors(room_graph(made_up)),
+                         {"engine": 1, "matching": 2, "prepare": 3, "report": 4, "tf2": 5})
 
     def test_the_plan_checks_can_fail(self):
         # A sub-package importing the planner, two importing each other, a

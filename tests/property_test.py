@@ -41,6 +41,8 @@ import qat  # pylint: disable=g-import-not-at-top
 from qat.export import kernel_checks  # pylint: disable=g-import-not-at-top
 from tools.property import invariants  # pylint: disable=g-import-not-at-top
 from tools.property import networks  # pylint: disable=g-import-not-at-top
+from tools.property import network_graphs  # pylint: disable=g-import-not-at-top
+from tools.property import rewrite_checks  # pylint: disable=g-import-not-at-top
 from tools.property import sequences  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_eager_execution()
@@ -54,16 +56,16 @@ _SEQUENCES = sequences.example_networks()
 
 
 def _assert_invariants(test: absltest.TestCase, net: "networks.Network") -> None:
-    violated = invariants.violations(net)
+    violated = rewrite_checks.violations(net)
     if not violated:
         return
     family = sequences if isinstance(net, sequences.SeqNet) else networks
-    small = family.shrink(net, lambda n: bool(invariants.violations(n)), budget=15)
+    small = family.shrink(net, lambda n: bool(rewrite_checks.violations(n)), budget=15)
     test.fail(
         f"invariants violated by\n{net.describe()}\n{net!r}\n"
         + "".join(f"  {k}: {v}\n" for k, v in violated.items())
         + f"smallest violating network found:\n{small.describe()}\n{small!r}\n"
-        + "".join(f"  {k}: {v}\n" for k, v in invariants.violations(small).items()))
+        + "".join(f"  {k}: {v}\n" for k, v in rewrite_checks.violations(small).items()))
 
 
 class PropertyTest(absltest.TestCase):
@@ -104,14 +106,14 @@ class InvariantCheckersTest(absltest.TestCase):
     """The checkers themselves detect what they are meant to."""
 
     def test_unrewritten_graph_violates_weight_invariant(self):
-        built = networks.build(_FIXED["conv_bn_relu"], training=False)
+        built = network_graphs.build(_FIXED["conv_bn_relu"], training=False)
         problems = invariants.weights_violations(built.graph, built.kernels)
         self.assertLen(built.kernels, 1)
         self.assertTrue(any("reaches no FakeQuant" in p for p in problems), problems)
         self.assertTrue(any("unquantized" in p for p in problems), problems)
 
     def test_rewritten_graph_satisfies_weight_invariant(self):
-        built = networks.build(_FIXED["conv_bn_relu"], training=False)
+        built = network_graphs.build(_FIXED["conv_bn_relu"], training=False)
         qat.create_eval_graph(built.graph)
         self.assertEmpty(invariants.weights_violations(built.graph, built.kernels))
 
@@ -130,10 +132,10 @@ class InvariantCheckersTest(absltest.TestCase):
         g = tf.Graph()
         with g.as_default():
             tf.constant(1.0, name="a")
-            before = invariants._graph_def_bytes(g)  # pylint: disable=protected-access
-            self.assertIsNone(invariants._graph_def_change(before, g))  # pylint: disable=protected-access
+            before = rewrite_checks._graph_def_bytes(g)  # pylint: disable=protected-access
+            self.assertIsNone(rewrite_checks._graph_def_change(before, g))  # pylint: disable=protected-access
             tf.constant(2.0, name="b")
-        self.assertIn("added 1 ops", invariants._graph_def_change(before, g))  # pylint: disable=protected-access
+        self.assertIn("added 1 ops", rewrite_checks._graph_def_change(before, g))  # pylint: disable=protected-access
 
     def test_strategy_draws_valid_networks_of_every_depth(self):
         seen_depths, activations, feeds, pipelines, losses = set(), set(), set(), set(), set()
@@ -161,7 +163,7 @@ class InvariantCheckersTest(absltest.TestCase):
 
     def test_kernel_preconditions_checker_finds_a_refused_range(self):
         # The ranges of a dead h-swish, before qat's floors: the checker names HARD_SWISH.
-        built = networks.build(_FIXED["dead_hard_swish"], training=False)
+        built = network_graphs.build(_FIXED["dead_hard_swish"], training=False)
         qat.create_eval_graph(built.graph)
         requirements = kernel_checks.graph_requirements(built.graph)
         values = {}

@@ -38,6 +38,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import variable_pb2
 
+from qat.engine import node_attrs
 from qat.engine import node_batch
 from qat.engine import range_variables
 from qat.engine import rewrite_cycles
@@ -160,7 +161,7 @@ class Rewrite(object):
             if op.graph is not self.graph:
                 raise RewriteError(f"Control inputs of '{op.name}': not an op of the graph.")
         for op, name, _ in self._attrs:
-            if op.graph is not self.graph or not name.startswith("_"):
+            if op.graph is not self.graph or not node_attrs.is_internal(name):
                 raise RewriteError(f"Attribute {name} of '{op.name}': only internal "
                                    "attributes of ops of the graph are set.")
         cycle = rewrite_cycles.find_cycle(

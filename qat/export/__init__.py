@@ -7,6 +7,9 @@
               preconditions, before converting
   parity   -> TFLite vs eval graph: top-1 agreement, difference in output steps
   range_survival -> every activation range of the eval graph is a TFLite tensor
+  range_sources -> where a FakeQuant's range comes from (ranges equal by
+              construction)
+  errors   -> the errors the pipeline raises
   pipeline -> export_tflite: all of the above in one call
   saved_model -> the frozen eval graph as a TF 2 SavedModel (serving
               signature), converted with TF 2's from_saved_model

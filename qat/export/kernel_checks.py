@@ -12,6 +12,9 @@ planner finds each precondition (`kernel_requirements.find_requirements`),
 and raises `KernelPreconditionError` naming the op, the ranges and the
 condition, instead of a Prepare failure, an abort or a silently wrong model.
 
+`RangeCheck(graph)` checks a live graph's ranges while the caller runs it
+(tools/property/ train and evaluate their graphs themselves).
+
 `tflite_violations` checks a converted model's own scales the same way
 (HARD_SWISH, ADD, SQUARED_DIFFERENCE), before its kernels are prepared
 (`qat.export.inspect.check_runnable`): the last guard against an abort.
@@ -131,6 +134,46 @@ def evaluate(sess: tf.compat.v1.Session, tensors: Dict[str, tf.Tensor]) -> Dict[
             except (tf.errors.OpError, ValueError, TypeError):
                 pass
         return values
+
+
+class RangeCheck(object):
+    """The kernel preconditions of a live graph's ranges, checked while it runs.
+
+    The interface for tools and tests that train or evaluate a rewritten
+    graph themselves (tools/property/): the preconditions are found once
+    (`graph_requirements`), `fetches` is run with the caller's own fetches
+    (a training step's), and `violations` names the ranges that miss one;
+    `in_session` does both where nothing needs a feed (an eval graph).
+
+    Args:
+      graph: a rewritten training, eval or frozen graph (not modified).
+    """
+
+    def __init__(self, graph: tf.Graph):
+        self._requirements = graph_requirements(graph)
+        self.fetches: Dict[str, tf.Tensor] = fetches(self._requirements)
+
+    def violations(self, values: Dict[str, np.ndarray]) -> List[Violation]:
+        """The preconditions `values` (the fetched `fetches`, by name) violate.
+
+        Args:
+          values: {name: value} of a run of `fetches`.
+
+        Returns:
+          One `Violation` per precondition a range misses, in graph order.
+        """
+        return violations(self._requirements, values)
+
+    def in_session(self, sess: tf.compat.v1.Session) -> List[Violation]:
+        """The violations of the ranges as `sess` holds them now.
+
+        Args:
+          sess: a session on the graph, its variables initialised or restored.
+
+        Returns:
+          As `violations`, from a run of `fetches` without a feed.
+        """
+        return self.violations(evaluate(sess, self.fetches))
 
 
 # The converter gives an activation range narrower than this (an empty range

@@ -3,7 +3,7 @@
 Use it as `from qat import graph_editor as ge`, like contrib's
 `tf.contrib.graph_editor`: `ge.reroute_ts`, `ge.sgv`, `ge.make_view`, ... and
 the submodules `ge.util`, `ge.select`, `ge.subgraph`, `ge.reroute`,
-`ge.edit`.
+`ge.edit`, `ge.transform`.
 """
 # pylint: disable=wildcard-import
 from qat.graph_editor import edit

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
+from qat.engine import function_library
 from qat.matching import layer_patterns
 from qat.matching.matcher import GraphMatcher
 
@@ -36,9 +37,6 @@ ASSIGN_SUB_TYPES = ("AssignSubVariableOp", "AssignSub")
 ASSIGN_TYPES = ("AssignVariableOp", "Assign")
 _MAX_UPDATE_DEPTH = 5
 _MAX_MOMENTS_DEPTH = 8
-_FUNCTIONAL_CONTROL_FLOW = frozenset(
-    ["If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
-     "PartitionedCall", "StatefulPartitionedCall"])
 
 
 @dataclasses.dataclass
@@ -278,18 +276,14 @@ def _describe_unfused(match) -> BatchNorm:
 def _function_batch_norms(graph: tf.Graph) -> List[Tuple[str, str]]:
     """(name, reason) for batch norms inside functional control flow."""
     flow_ops = [op for op in graph.get_operations()
-                if op.type in _FUNCTIONAL_CONTROL_FLOW]
+                if op.type in function_library.CALL_TYPES]
     if not flow_ops:
         return []
-    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    library = function_library.library_of(graph)
     found = []
     reported = set()
     for op in flow_ops:
-        pending = []
-        for attr in op.node_def.attr.values():
-            if attr.HasField("func"):
-                pending.append(attr.func.name)
-            pending.extend(f.name for f in attr.list.func)
+        pending = function_library.called_functions(op.node_def.attr)
         visited = set()
         while pending:
             fname = pending.pop()
@@ -311,9 +305,7 @@ def _function_batch_norms(graph: tf.Graph) -> List[Tuple[str, str]]:
                         "training=True or False as a Python bool (not a "
                         "tensor), so batch norms are not wrapped in control flow"
                         % (fname, op.type, op.name)))
-                for attr in node.attr.values():
-                    if attr.HasField("func"):
-                        pending.append(attr.func.name)
+                pending.extend(function_library.called_functions(node.attr))
     return found
 
 

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from qat.engine import marks
+from qat.engine import node_attrs
 from qat.matching import loops
 
 # The ops that make a frame, not computations of the body.
@@ -114,8 +115,7 @@ def _loop(name: str, enters: List[tf.Operation], ops: List[tf.Operation]) -> Opt
         node.CopyFrom(op.node_def)
         del node.input[:]
         node.ClearField("device")
-        for key in [k for k in node.attr if k.startswith("_")]:  # Colocation with other nodes.
-            del node.attr[key]
+        node_attrs.drop_internal_attrs(node)  # Colocation with other nodes.
         for t in op.inputs:  # Control inputs left out: they order, values do not need them.
             node.input.append(placeholders.get(t.name, t.name if t.op in ops else None)
                               or _outside(graph_def, t))
@@ -156,8 +156,7 @@ def _outside(graph_def, t: tf.Tensor) -> str:
             node.CopyFrom(t.op.node_def)
             node.name = name
             node.ClearField("device")
-            for key in [k for k in node.attr if k.startswith("_")]:
-                del node.attr[key]
+            node_attrs.drop_internal_attrs(node)
         else:
             _placeholder(graph_def, name, t)
     return name

@@ -16,10 +16,11 @@ import tensorflow as tf
 from tensorflow.core.framework import function_pb2
 from tensorflow.core.framework import node_def_pb2
 
+from qat.engine import function_library
 from qat.matching.layer_patterns import VARIABLE_READ_TYPES
 
 # Function calls whose body can be one layer op (`called_layer`).
-LAYER_CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")
+LAYER_CALL_TYPES = function_library.FUNCTION_CALL_TYPES
 CALLED_LAYER_TYPES = ("Conv2D",)
 
 

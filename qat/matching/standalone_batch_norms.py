@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
+from qat.engine import function_library
 from qat.engine import marks
 from qat.matching import layer_patterns
 from qat.matching.matcher import GraphMatcher
@@ -70,7 +71,6 @@ def is_replaceable(bn: tf.Operation) -> bool:
             and x.shape[-1] is not None)
 
 
-_COND_TYPES = ("If", "StatelessIf")
 
 
 def is_batch_norm_cond(op: tf.Operation, library) -> bool:
@@ -83,7 +83,7 @@ def is_batch_norm_cond(op: tf.Operation, library) -> bool:
       op: any op.
       library: {function name: FunctionDef} of the graph.
     """
-    if op.type not in _COND_TYPES or not op.outputs:
+    if op.type not in function_library.CONDITIONAL_TYPES or not op.outputs:
         return False
     for key in ("then_branch", "else_branch"):
         function = library.get(op.get_attr(key).name)
@@ -116,7 +116,7 @@ def data_input(op: tf.Operation, is_data) -> Optional[tf.Tensor]:
         (`unfused_parts`) or an If op from `is_batch_norm_cond`.
       is_data: predicate telling data tensors from parameters.
     """
-    if op.type not in _COND_TYPES:
+    if op.type not in function_library.CONDITIONAL_TYPES:
         return normalised_input(op)
     for t in op.inputs:
         if t.dtype == tf.float32 and is_data(t):

@@ -12,6 +12,8 @@ from typing import Iterable, Set
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
+from qat.engine import node_attrs
+
 # The FakeQuant ops qat builds (contrib's), per tensor and per channel.
 FAKE_QUANT_TYPES = frozenset(
     ["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxVarsPerChannel"])
@@ -61,8 +63,8 @@ def same_computation(a: tf.Operation, b: tf.Operation) -> bool:
     tensors and attributes (the converter keeps one of such ops)."""
     if a.type != b.type or list(a.inputs) != list(b.inputs):
         return False
-    attrs = lambda op: {k: v.SerializeToString() for k, v in op.node_def.attr.items()
-                        if not k.startswith("_")}
+    attrs = lambda op: {k: v.SerializeToString()
+                        for k, v in node_attrs.public_attrs(op.node_def.attr).items()}
     return attrs(a) == attrs(b)
 
 
@@ -115,5 +117,5 @@ class ValueNumbers(object):
 
 
 def _attrs_key(op: tf.Operation) -> tuple:
-    return tuple(sorted((k, v.SerializeToString()) for k, v in op.node_def.attr.items()
-                        if not k.startswith("_")))
+    return tuple(sorted((k, v.SerializeToString())
+                        for k, v in node_attrs.public_attrs(op.node_def.attr).items()))

@@ -19,6 +19,7 @@ changes),
   loops            -> a recurrent layer's loop (Keras LSTM / GRU /
                       SimpleRNN, dynamic_rnn; While ops and TF1 frames)
                       unrolled, its tensor lists as lists of tensors
+                      (`tensor_lists`)
 
 `prepare_graph` runs them in this order (what `create_training_graph` and its
 siblings run before the fold); `qat.fold_batch_norms` and

@@ -19,20 +19,14 @@ replaced by a Conv2D XLA still compiles (`_XlaCompile`, `_XlaScope`), whose
 gradient TensorFlow then compiles too: TensorFlow's own CPU kernels compute a
 grouped convolution but refuse its gradient without oneDNN.
 """
-from typing import Dict
-
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from qat.engine import function_library
 from qat.engine import marks
+from qat.engine import node_attrs
 from qat.engine import rewrite as rewrite_lib
 from qat.matching import layer_calls
-
-
-def _library(graph: tf.Graph) -> Dict:
-    if not graph._functions:  # pylint: disable=protected-access
-        return {}  # No function: skip serializing the graph.
-    return {f.signature.name: f for f in graph.as_graph_def().library.function}
 
 
 def _must_compile(op: tf.Operation) -> bool:
@@ -62,7 +56,7 @@ def inline_layer_calls(graph: tf.Graph) -> int:
              and op.outputs and op.outputs[0].consumers()]
     if not calls:
         return 0
-    library = _library(graph)
+    library = function_library.library_of(graph)
     rewrite = rewrite_lib.Rewrite(graph, marks.LAYER_CALL)
     nodes = rewrite.nodes
     count = 0
@@ -73,8 +67,7 @@ def inline_layer_calls(graph: tf.Graph) -> int:
         layer = called.node
         scope = call.name.rpartition("/")[0]
         name = nodes.unique_name(f"{scope}/{layer.op}" if scope else layer.op)
-        attrs = {key: value for key, value in layer.attr.items()
-                 if not key.startswith("_")}
+        attrs = node_attrs.public_attrs(layer.attr)
         if _must_compile(call):
             attrs["_XlaCompile"] = attr_value_pb2.AttrValue(b=True)
             attrs["_XlaSeparateCompiledGradients"] = attr_value_pb2.AttrValue(b=False)

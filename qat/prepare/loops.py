@@ -33,9 +33,12 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from qat.engine import function_graphs
+from qat.engine import function_library
 from qat.engine import marks
+from qat.engine import node_attrs
 from qat.engine import rewrite as rewrite_lib
-from qat.matching import frames
+from qat.engine import static_values
+from qat.matching import loop_finder
 from qat.matching import loops
 from qat.prepare import tensor_lists
 from qat.prepare.tensor_lists import Ref, Static, TensorList
@@ -66,15 +69,6 @@ class UnknownStepsError(UnrollError):
     """
 
 
-def recurrent_loops(graph: tf.Graph, library=None) -> List[loops.Loop]:
-    """The loops of `graph` whose body computes a layer, not unrolled yet:
-    While ops, and TF1 loops (`qat.matching.frames`)."""
-    library = loops.library_of(graph) if library is None else library
-    return [loops.loop_of(op, library) for op in graph.get_operations()
-            if op.type in loops.LOOP_TYPES and not marks.is_replaced(op)
-            and loops.body_layers(op, library)] + frames.frame_loops(graph)
-
-
 def unroll_loops(graph: tf.Graph) -> int:
     """Unrolls every recurrent loop of `graph` (see the module docstring).
 
@@ -91,16 +85,16 @@ def unroll_loops(graph: tf.Graph) -> int:
       qat.engine.rewrite.RewriteError: the new ops fail their checks.
       The graph is unchanged when any of these is raised.
     """
-    library = loops.library_of(graph)
+    library = function_library.library_of(graph)
     if _inline_loop_calls(graph, library):
-        library = loops.library_of(graph)
-    found = recurrent_loops(graph, library)
+        library = function_library.library_of(graph)
+    found = loop_finder.recurrent_loops(graph, library)
     if not found:
         return 0
-    values = loops.StaticValues()
+    values = static_values.StaticValues()
     planned = []
     for loop in found:
-        count, why, steps = loops.trip_count(loop, values)
+        count, why, steps = static_values.trip_count(loop, values)
         if count is None:
             raise UnknownStepsError(
                 f"qat cannot quantize {loop.describe()}: {why}, so it cannot be unrolled into "
@@ -151,7 +145,7 @@ def _inline_loop_calls(graph: tf.Graph, library) -> int:
         for node in body:
             data = [mapped(i) for i in node.input if not i.startswith("^")]
             control = [mapped(i)[1:] for i in node.input if i.startswith("^")]
-            attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+            attrs = node_attrs.public_attrs(node.attr)
             nodes.node(names[node.name], node.op, data, device=call.device, control=control,
                        **attrs)
         for out, arg in zip(call.outputs, fdef.signature.output_arg):
@@ -170,7 +164,7 @@ def _inline_loop_calls(graph: tf.Graph, library) -> int:
 class _Unroller(object):
     """Writes the steps of loops as NodeDefs of one rewrite."""
 
-    def __init__(self, rewrite: rewrite_lib.Rewrite, values: loops.StaticValues):
+    def __init__(self, rewrite: rewrite_lib.Rewrite, values: static_values.StaticValues):
         self.rewrite = rewrite
         self.nodes = rewrite.nodes
         self.values = values
@@ -248,7 +242,7 @@ class _Unroller(object):
                     continue
                 if op.type == "NoOp":
                     continue
-                if op.type in loops.CALL_TYPES:
+                if op.type in function_library.CALL_TYPES:
                     raise tensor_lists.UnsupportedListError(
                         f"its body calls a function ({op.name}, {op.type}): nested control "
                         "flow is not unrolled")
@@ -266,8 +260,7 @@ class _Unroller(object):
 
     def _emit(self, op: tf.Operation, env, emitted: Dict[tf.Operation, str], name: str) -> str:
         inputs = [self._input_name(env[i], op.name) for i in op.inputs]
-        attrs = {key: value for key, value in op.node_def.attr.items()
-                 if not key.startswith("_")}
+        attrs = node_attrs.public_attrs(op.node_def.attr)
         control = [emitted[c] for c in op.control_inputs if c in emitted]
         return self.nodes.node(self.nodes.unique_name(name), op.type, inputs,
                                device=self.device, control=control, **attrs)

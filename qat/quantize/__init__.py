@@ -7,7 +7,8 @@
            checked rewrite (`qat.quantize.emit.insert_quant_ops`), and
            contrib's one-at-a-time functions (`quant_ops`)
 
-`qat.api` wires them (`qat.insert_quant_ops`): the graph's layer calls
+`control_flow` is the old path of `plan/model/control_flow.py`, kept for one
+release. `qat.api` wires them (`qat.insert_quant_ops`): the graph's layer calls
 inlined (`qat.prepare`), the plan, then the emission, with data-parallel
 replicas sharing ranges through `qat.distribute`.
 """

@@ -5,6 +5,10 @@
   summaries  -> TensorBoard summaries of the ranges and weights while training
   skipped_batches -> the batches each range skipped (NaN or infinite values),
                 warned about once
+  float_tensors -> which tensors of the data path are left float, and why
+  model_runs -> the three models `layer_numerics` compares, run on one sample
+  steps      -> which step of a recurrent layer an eval graph's op computes
+  files      -> a report written to a directory: text, JSON and the plots
   plots      -> PNG pictures of the above (matplotlib, imported when drawing:
                 pip install qat[report])
   tf2_models -> coverage and numerics of a quantized TF 2 model

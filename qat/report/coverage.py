@@ -6,7 +6,8 @@
   * every quantizer: role, bits, per-channel, narrow range, symmetric, and
     its range values (from a live session or a checkpoint), with the
     training batches its range skipped because their values were not finite
-    (`qat.report.skipped_batches`: also warned about, once per range);
+    (`qat.report.skipped_batches`: also warned about, once per range,
+    `qat.quantize.emit.finite_ranges.warn`);
   * every float tensor left on the data path, with the reason
     (`qat.report.float_tensors`).
 `coverage_report_from_files` does the same for a saved eval graph (.meta,
@@ -19,8 +20,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from qat.engine import function_library
 from qat.export import freeze
 from qat.export.errors import GraphLoadError
+from qat.quantize.emit import finite_ranges
 from qat.report import float_tensors as float_lib
 from qat.report import skipped_batches as skipped_lib
 from qat.tflite import graph_structure as structure
@@ -172,7 +175,7 @@ def _batch_norm(layer: tf.Operation, tail: float_lib.LayerTail, path, bn_by_vari
             reason = skipped.get(op.name, "not folded: run qat.fold_batch_norms "
                                           "(create_*_graph does)")
             return op.name, "not folded", reason
-        if op.type in structure.FUNCTIONAL_CONTROL_FLOW_TYPES:
+        if op.type in function_library.CALL_TYPES:
             inside = [(name, why) for name, why in skipped.items()
                       if name.startswith(op.name + "/")]
             if inside:  # The fold pass's own record of the batch norm in the body.
@@ -260,7 +263,7 @@ def coverage_report(graph: tf.Graph,
         if name == info.name and name in skipped:
             info.skipped_batches = skipped[name]
             tensors[name] = info.tensor
-    skipped_lib.warn({q.name: q.skipped_batches for q in quantizers if q.skipped_batches},
+    finite_ranges.warn({q.name: q.skipped_batches for q in quantizers if q.skipped_batches},
                      tensors)
     floats = float_lib.find_float_tensors(graph, path, tails, scope)
     for layer in layers:  # Float weights: TFLite needs a range for them too.

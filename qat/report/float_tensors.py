@@ -22,6 +22,7 @@ from typing import List, Optional, Sequence, Set
 
 import tensorflow as tf
 
+from qat.engine import function_library
 from qat.matching import layer_patterns
 from qat.quantize.plan.model import graph as plan_graph
 from qat.quantize.plan.model import lookups
@@ -108,7 +109,7 @@ def explain(op: tf.Operation, scope: Optional[str], float_names: Set[str],
             path: Set[tf.Operation]) -> FloatTensor:
     """Returns the FloatTensor record of `op`'s output with its reason."""
     tensor = op.outputs[0].name
-    if op.type in structure.FUNCTIONAL_CONTROL_FLOW_TYPES:
+    if op.type in function_library.CALL_TYPES:
         return FloatTensor(tensor, op.type, "control_flow",
                            f"computed inside a functional {op.type} op (a function body the "
                            "rewrite does not enter; with tf_keras, fix the learning phase)")
@@ -157,7 +158,7 @@ def find_float_tensors(graph: tf.Graph, path: Set[tf.Operation],
             # A functional If/While in the tail (an unfoldable batch norm) is
             # no part of the fused TFLite op: it is reported.
             fused.update(op for op in tail.ops
-                         if op.type not in structure.FUNCTIONAL_CONTROL_FLOW_TYPES)
+                         if op.type not in function_library.CALL_TYPES)
         else:
             unreported.update(op for op in tail.ops if op is not tail.end)
     for op in graph.get_operations():

@@ -5,42 +5,19 @@ it was and counts the batch in the range's `<prefix>/skipped_batches`
 (`qat.quantize.emit.finite_ranges`). The count lives in training graphs and
 their checkpoints; nothing in the training step logs it (a print op per
 range would not compile under XLA, and would print at every step). The
-readers here (the coverage report, the TensorBoard summaries, a quantized TF 2
-model's `skipped_batches()`, which its eager training calls, `fit` and
+readers here (the coverage report, the TensorBoard summaries) read the counts
+of a graph or checkpoint; they and a quantized TF 2 model's
+`skipped_batches()` (which its eager training calls, `fit` and
 `inference_function` run) warn once per range and process, naming the range
-and the tensor it quantizes.
+and the tensor it quantizes, with `qat.quantize.emit.finite_ranges.warn`,
+beside the counter it reports.
 """
-from typing import Dict, Optional, Set
+from typing import Dict, Optional
 
-from absl import logging
 import tensorflow as tf
 
 from qat.quantize.emit import finite_ranges
 from qat.tflite import graph_structure as structure
-
-_WARNED: Set[str] = set()
-
-
-def warn(counts: Dict[str, int], tensors: Optional[Dict[str, str]] = None) -> None:
-    """Logs a warning, once per range and process, for each range that skipped batches.
-
-    Args:
-      counts: {range name (`<prefix>` of `<prefix>/min`): skipped batches}.
-      tensors: {range name: the tensor it quantizes}, where known.
-    """
-    for name, count in sorted(counts.items()):
-        if not count or name in _WARNED:
-            continue
-        _WARNED.add(name)
-        tensor = (tensors or {}).get(name)
-        logging.warning(
-            "qat: the range %s%s skipped %d training batch%s whose min or max was NaN or "
-            "infinite, and kept its value. Look for NaN or infinite values in the data fed at "
-            "those steps, or for an overflow before %s (a range restored as NaN skips every "
-            "batch: see docs/known_limits.md).", name,
-            f" (of {tensor})" if tensor else "", count, "" if count == 1 else "es",
-            tensor or "that tensor")
-
 
 def counts_in_graph(graph: tf.Graph, sess: Optional[tf.compat.v1.Session] = None,
                     reader=None, ranges=None) -> Dict[str, int]:
@@ -111,5 +88,5 @@ def read_skipped_batches(sess: Optional[tf.compat.v1.Session] = None,
         counts, tensors = counts_in_graph(None, reader=reader, ranges=ranges), {}
     else:
         raise ValueError("read_skipped_batches needs a session or a checkpoint.")
-    warn(counts, tensors)
+    finite_ranges.warn(counts, tensors)
     return counts

@@ -27,6 +27,7 @@ from typing import Dict, Iterator, List, Optional
 import tensorflow as tf
 
 from qat.engine import marks
+from qat.engine import node_attrs
 from qat.engine import rewrite as rewrite_lib
 from qat.matching import layer_patterns
 from qat.matching import tensors
@@ -125,7 +126,7 @@ class Precision(object):
             # Every float32 type attribute (T; BatchMatMulV3's Ta, Tb, Tout).
             attrs = {key: (_type_attr(dtype) if value.type == tf.float32.as_datatype_enum
                            else value)
-                     for key, value in op.node_def.attr.items() if not key.startswith("_")}
+                     for key, value in node_attrs.public_attrs(op.node_def.attr).items()}
             layer = nodes.node(nodes.unique_name(scope), op.type, inputs, device=op.device,
                                **attrs)
             output = nodes.node(nodes.unique_name(f"{scope}/to_float32"), "Cast", [layer],

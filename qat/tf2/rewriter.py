@@ -28,14 +28,13 @@ by XLA (`qat.engine.xla_compilation`): the gradients of their quantizers take
 the form XLA compiles. A `tf.function` reuses a trace made outside XLA inside
 XLA, and builds a trace's gradient once, so the mode cannot be told apart
 later, inside one function. Its outputs pass through
-`xla_compilation.function_outputs`, so that its gradient reads no constant
+`xla_outputs.function_outputs`, so that its gradient reads no constant
 from it (XLA would otherwise fold the whole call in and compile every step
 anew). The eval function has no gradient of qat's and serves both.
 """
 import contextlib
 from typing import Dict, List, Optional, Sequence
 
-from absl import logging
 import tensorflow as tf
 
 from qat import api
@@ -43,12 +42,13 @@ from qat.engine import config as config_lib
 from qat.engine import function_graphs
 from qat.engine import xla_compilation
 from qat.matching import layer_patterns
-from qat.report import skipped_batches as skipped_lib
+from qat.quantize.emit import finite_ranges
 from qat.tf2 import calls
 from qat.tf2 import precision as precision_lib
 from qat.tf2 import ranges
 from qat.tf2 import recurrent_kernels
 from qat.tf2 import replicas
+from qat.tf2 import xla_outputs
 
 
 class FunctionRewriter(object):
@@ -110,7 +110,7 @@ class FunctionRewriter(object):
             outputs = self._rewrite(outputs, training)
             if xla:
                 outputs = tf.nest.pack_sequence_as(
-                    outputs, xla_compilation.function_outputs(tf.nest.flatten(outputs)))
+                    outputs, xla_outputs.function_outputs(tf.nest.flatten(outputs)))
             return outputs
         quantized_model.__name__ = "%s_%s%s" % (_identifier(self.call.name),
                                                 "training" if training else "eval",
@@ -259,7 +259,7 @@ class FunctionRewriter(object):
         with tf.init_scope():
             values = self._read_counters().numpy()
         counts = {name.rsplit("/", 1)[0]: int(v) for name, v in zip(counters, values)}
-        skipped_lib.warn(counts, self.range_tensors)
+        finite_ranges.warn(counts, self.range_tensors)
         return counts
 
 

@@ -38,9 +38,6 @@ VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
 # fold's scaling, a quant delay's Select).
 _PARAMETER_PATH_TYPES = frozenset(["ReadVariableOp", "Identity", "Mul", "Reshape"])
 _SELECT_TYPES = frozenset(["Select", "SelectV2"])
-FUNCTIONAL_CONTROL_FLOW_TYPES = frozenset([
-    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
-    "PartitionedCall", "StatefulPartitionedCall"])
 _UNFUSED_BATCH_NORM = GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM)
 V1_CONTROL_FLOW_TYPES = frozenset(["Switch", "Merge", "Enter", "Exit", "NextIteration",
                                    "RefSwitch", "RefMerge", "RefEnter", "LoopCond"])

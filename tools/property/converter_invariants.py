@@ -54,6 +54,7 @@ from qat import export
 from qat import report
 from qat.export import kernel_checks
 from tools.property import converter_networks as networks
+from tools.property import converter_graphs
 from tools.property import invariants as rewrite_invariants
 from tools.property import sequences
 
@@ -78,9 +79,15 @@ MAX_OWN_STEPS = 1.0 + 1e-3
 
 
 def _family(net):
-    """The module that builds `net`: `converter_networks`, or `sequences` for a
-    recurrent one."""
+    """The module that describes `net` (its inputs): `converter_networks`, or
+    `sequences` for a recurrent one."""
     return sequences if isinstance(net, sequences.SeqNet) else networks
+
+
+def _builder(net):
+    """The module that builds `net`: `converter_graphs`, or `sequences` for a
+    recurrent one."""
+    return sequences if isinstance(net, sequences.SeqNet) else converter_graphs
 
 
 def _session(graph: tf.Graph) -> tf.compat.v1.Session:
@@ -91,7 +98,7 @@ def _session(graph: tf.Graph) -> tf.compat.v1.Session:
     return tf.compat.v1.Session(graph=graph, config=config)
 
 
-def ranges(built: "networks.BuiltNet") -> dict:
+def ranges(built: "converter_graphs.BuiltNet") -> dict:
     """What a rewritten graph quantizes, for `same_ranges_as_export`."""
     quantizers = rewrite_invariants.activation_quantizers(built.graph)
     with built.graph.as_default():
@@ -111,7 +118,7 @@ def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0
       preconditions the ranges its FakeQuants read in the last step violate
       (a message), or None.
     """
-    built = _family(net).build(net, training=True, seed=seed, batch=TRAIN_BATCH)
+    built = _builder(net).build(net, training=True, seed=seed, batch=TRAIN_BATCH)
     graph = built.graph
     with graph.as_default():
         qat.experimental_create_training_graph(graph, symmetric_weights=True)
@@ -125,15 +132,14 @@ def train(net: "networks.ConvNet", checkpoint: str, seed: int = 0
                 train_op = tf.no_op()
         init = tf.compat.v1.global_variables_initializer()
         saver = tf.compat.v1.train.Saver()
-        requirements = kernel_checks.graph_requirements(graph)
-        range_fetches = kernel_checks.fetches(requirements)
+        range_check = kernel_checks.RangeCheck(graph)
     with _session(graph) as sess:
         sess.run(init)
         for step in range(TRAIN_STEPS):
-            _, values = sess.run([train_op, range_fetches],
+            _, values = sess.run([train_op, range_check.fetches],
                                  {built.input: _family(net).inputs(net, TRAIN_BATCH, seed + step)})
         saver.save(sess, checkpoint)
-    return found, _describe(kernel_checks.violations(requirements, values))
+    return found, _describe(range_check.violations(values))
 
 
 def _describe(violations) -> Optional[str]:
@@ -141,9 +147,7 @@ def _describe(violations) -> Optional[str]:
 
 
 def _eval_kernel_violations(sess: tf.compat.v1.Session) -> Optional[str]:
-    requirements = kernel_checks.graph_requirements(sess.graph)
-    values = kernel_checks.evaluate(sess, kernel_checks.fetches(requirements))
-    return _describe(kernel_checks.violations(requirements, values))
+    return _describe(kernel_checks.RangeCheck(sess.graph).in_session(sess))
 
 
 def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0, found=None,
@@ -151,12 +155,12 @@ def restore_eval(net: "networks.ConvNet", checkpoint: str, seed: int = 0, found=
     """The eval graph, rewritten and restored with a plain Saver (strict).
 
     `found`, a dict, gets what the eval graph quantizes (`ranges`); `hooks`
-    build what a generator family adds (`converter_networks.build`).
+    build what a generator family adds (`converter_graphs.build`).
     """
     if isinstance(net, sequences.SeqNet):  # The export graph: the placeholder, no loss.
         built = sequences.build(net, training=False, seed=seed, export=True, batch=None)
     else:
-        built = networks.build(net, training=False, seed=seed, hooks=hooks)
+        built = converter_graphs.build(net, training=False, seed=seed, hooks=hooks)
     graph = built.graph
     with graph.as_default():
         qat.experimental_create_eval_graph(graph, symmetric_weights=True)

@@ -25,8 +25,10 @@ from hypothesis import strategies as st
 from qat.export import kernel_checks
 from tools.property import converter_invariants
 from tools.property import converter_networks as networks
+from tools.property import converter_graphs
 from tools.property import shrinking
 from tools.property import training_branches as branches_lib
+from tools.property import branch_graphs
 from tools.property import training_invariants as checks
 from tools.property import training_loop
 from tools.property import training_runs as rewrite_training_runs
@@ -73,8 +75,8 @@ def shrink(run: ConverterTrainingRun, still_fails, budget: int = 40) -> Converte
 def build(run: ConverterTrainingRun, mode: str, seed: int = 0, branches_on: bool = True,
           observers_on: bool = True):
     """(the built network, its `BranchHooks`) in `mode` (EVAL: the converted graph)."""
-    hooks = branches_lib.BranchHooks(run.branches, mode, branches_on, observers_on)
-    built = networks.build(run.net, training=mode == branches_lib.TRAINING, seed=seed,
+    hooks = branch_graphs.BranchHooks(run.branches, mode, branches_on, observers_on)
+    built = converter_graphs.build(run.net, training=mode == branches_lib.TRAINING, seed=seed,
                            batch=converter_invariants.TRAIN_BATCH, hooks=hooks)
     return built, hooks
 
@@ -114,16 +116,14 @@ def check_run(run: ConverterTrainingRun, seed: int = 0) -> Dict[str, Optional[st
             branch, observer = checks.extras_problems(plus, zero, "training")
             _record(results, "branches_keep_ranges", branch)
             _record(results, "observers_not_model", observer)
-        requirements = kernel_checks.graph_requirements(plus.graph)
-        with plus.graph.as_default():
-            range_fetches = kernel_checks.fetches(requirements)
+        range_check = kernel_checks.RangeCheck(plus.graph)
         model_ranges = _model_ranges(plus)
         stage[0] = "training"
         checkpoint = os.path.join(workdir, "model")
         batch = lambda step: networks.inputs(run.net, converter_invariants.TRAIN_BATCH,
                                              seed + step)
         trace = training_loop.train(checks.trainee(plus), run.regime, batch,
-                                    checkpoint=checkpoint, last_fetches=range_fetches)
+                                    checkpoint=checkpoint, last_fetches=range_check.fetches)
         _record(results, "ranges_finite", checks.range_problems(trace))
         trainable = {v.op.name for v in plus.model_variables if v.trainable}
         skipped, model = checks.bad_batch_problems(trace, run.regime, trainable)
@@ -141,11 +141,11 @@ def check_run(run: ConverterTrainingRun, seed: int = 0) -> Dict[str, Optional[st
             converter_invariants._record(  # pylint: disable=protected-access
                 results, "kernel_preconditions", "training graph",
                 converter_invariants._describe(  # pylint: disable=protected-access
-                    kernel_checks.violations(requirements, trace.extra)))
+                    range_check.violations(trace.extra)))
         stage[0] = "eval graph"
         converter_invariants.check_export(
             run.net, checkpoint, model_ranges, results, seed,
-            hooks=branches_lib.BranchHooks(run.branches, branches_lib.EVAL,
+            hooks=branch_graphs.BranchHooks(run.branches, branches_lib.EVAL,
                                            branches_on=False, observers_on=False),
             stage=stage)
     except Exception as e:  # pylint: disable=broad-except

@@ -36,13 +36,14 @@ def rewrite_families(grouped: bool = False) -> List[Family]:
     del grouped
     from tools.property import invariants  # pylint: disable=g-import-not-at-top
     from tools.property import networks  # pylint: disable=g-import-not-at-top
+    from tools.property import rewrite_checks  # pylint: disable=g-import-not-at-top
     from tools.property import training_runs  # pylint: disable=g-import-not-at-top
     return [
         Family("networks", networks.Network, lambda depth: networks.networks(max_depth=depth),
-               invariants.violations, networks.shrink, invariants.INVARIANTS),
+               rewrite_checks.violations, networks.shrink, invariants.INVARIANTS),
         Family("training", training_runs.TrainingRun, training_runs.training_runs,
                training_runs.violations, training_runs.shrink, training_runs.INVARIANTS),
-        _recurrent_family(invariants),
+        _recurrent_family(rewrite_checks.violations, invariants.INVARIANTS),
     ]
 
 
@@ -60,16 +61,16 @@ def converter_families(grouped: bool = False) -> List[Family]:
                lambda depth: converter_training_runs.training_runs(depth, grouped=grouped),
                converter_training_runs.violations, converter_training_runs.shrink,
                converter_training_runs.INVARIANTS),
-        _recurrent_family(converter_invariants),
+        _recurrent_family(converter_invariants.violations, converter_invariants.INVARIANTS),
     ]
 
 
-def _recurrent_family(invariants_module) -> Family:
-    """Recurrent networks (tools/property/sequences.py) checked by `invariants_module`."""
+def _recurrent_family(violations: Callable, invariants: Tuple[str, ...]) -> Family:
+    """Recurrent networks (tools/property/sequences.py) checked by `violations`."""
     from tools.property import sequences  # pylint: disable=g-import-not-at-top
     return Family("recurrent", sequences.SeqNet,
                   lambda depth: sequences.sequence_networks(max_depth=min(depth, sequences.MAX_DEPTH)),
-                  invariants_module.violations, sequences.shrink, invariants_module.INVARIANTS)
+                  violations, sequences.shrink, invariants)
 
 
 SUITES: Dict[str, Callable[[bool], List[Family]]] = {

@@ -27,6 +27,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from hypothesis import strategies as st  # pylint: disable=g-import-not-at-top
 
 from tools.property import networks as rewrite_networks  # pylint: disable=g-import-not-at-top
+from tools.property import network_graphs  # pylint: disable=g-import-not-at-top
 from tools.property import shrinking  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
@@ -242,7 +243,7 @@ def build(net: SeqNet, training: bool, seed: int = 0, export: bool = False,
             with tf1.variable_scope("head"):
                 x = _head(x, net.head, kernels)
         out = tf.identity(x, name="output")
-        loss = None if export else rewrite_networks.training_loss(out, net.loss, batch=batch)
+        loss = None if export else network_graphs.training_loss(out, net.loss, batch=batch)
     return Built(graph, fed, out, kernels, loss)
 
 

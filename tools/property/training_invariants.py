@@ -61,7 +61,7 @@ INVARIANTS = (
 class Rewritten:
     """A built graph after its rewrite, and what the checks compare."""
     built: object              # the generator's built network (graph, input, output, loss)
-    hooks: object              # its `training_branches.BranchHooks`
+    hooks: object              # its `branch_graphs.BranchHooks`
     ops: List[tf.Operation]    # the graph's ops before the rewrite, in creation order
     model_variables: List[object]
     quantizers: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)

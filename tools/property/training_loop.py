@@ -36,7 +36,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from qat.engine import marks
 from qat.quantize.emit import finite_ranges
 from qat.tflite import graph_structure as structure
-from tools.property import training_branches
+from tools.property import branch_graphs
 
 OPTIMIZERS = ("sgd_1", "rmsprop_slim")
 BAD_VALUES = ("none", "nan", "inf", "-inf")
@@ -243,7 +243,7 @@ def train(trainee: Trainee, regime: Regime, batch: Callable[[int], np.ndarray],
     with graph.as_default():
         updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
         # TF 1's cond: the skipping optimizer's v2 cond takes no ref variables.
-        with tf.control_dependencies(updates), training_branches.control_flow("v1"):
+        with tf.control_dependencies(updates), branch_graphs.control_flow("v1"):
             train_op = optimizer(regime).minimize(
                 trainee.loss, global_step=tf.compat.v1.train.get_or_create_global_step())
         ranges = range_variables(graph)
@@ -256,7 +256,7 @@ def train(trainee: Trainee, regime: Regime, batch: Callable[[int], np.ndarray],
         range_of = {op.name: structure.quantizer_op(op).min_variable.rsplit("/", 1)[0]
                     for op in fake_quants}
         stale = stale_reads(graph, ranges)
-        observers = graph.get_collection(training_branches.OBSERVER_FETCHES)
+        observers = graph.get_collection(branch_graphs.OBSERVER_FETCHES)
         model = {v.op.name: v for v in trainee.model_variables}
         init = [tf.compat.v1.global_variables_initializer(),
                 tf.compat.v1.local_variables_initializer()]

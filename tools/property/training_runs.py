@@ -17,8 +17,10 @@ from typing import Callable, Dict, Iterator, Optional
 from hypothesis import strategies as st
 
 from tools.property import networks
+from tools.property import network_graphs
 from tools.property import shrinking
 from tools.property import training_branches as branches_lib
+from tools.property import branch_graphs
 from tools.property import training_invariants as checks
 from tools.property import training_loop
 
@@ -82,13 +84,13 @@ def shrink(run: TrainingRun, still_fails, budget: int = 40) -> TrainingRun:
 def build(run: TrainingRun, mode: str, seed: int = 0, branches_on: bool = True,
           observers_on: bool = True):
     """(the built network, its `BranchHooks`) in `mode` (training_branches' TRAINING, EVAL, EXPORT)."""
-    hooks = branches_lib.BranchHooks(run.branches, mode, branches_on, observers_on)
-    built = networks.build(run.net, training=mode == branches_lib.TRAINING, seed=seed,
+    hooks = branch_graphs.BranchHooks(run.branches, mode, branches_on, observers_on)
+    built = network_graphs.build(run.net, training=mode == branches_lib.TRAINING, seed=seed,
                            export=mode == branches_lib.EXPORT, hooks=hooks)
     return built, hooks
 
 
-def _has_extras(hooks: branches_lib.BranchHooks) -> bool:
+def _has_extras(hooks: branch_graphs.BranchHooks) -> bool:
     return hooks.head_on or hooks.drop_on or hooks.observers_on
 
 

@@ -22,9 +22,12 @@ one. The moving average's bias correction counts only the batches the range
 learned from (the step less the skipped batches,
 `qat.quantize.emit.range_updates.RangeUpdates.ema_rate`), so the first finite
 batch after skipped ones still sets a new range with its full weight.
+`warn(counts)` logs the counters' readings, once per range and process (the
+readers: `qat.report.skipped_batches`, the TF 2 model's `skipped_batches()`).
 """
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
+from absl import logging
 import tensorflow as tf
 
 from qat.quantize.emit.node_writer import NodeWriter
@@ -43,6 +46,30 @@ _INT64 = tf.int64
 def counter_name(range_name: str) -> str:
     """The counter variable of the range whose variables are `<range_name>/min|max`."""
     return range_name + "/" + SKIPPED_BATCHES
+
+
+_WARNED: Set[str] = set()
+
+
+def warn(counts: Dict[str, int], tensors: Optional[Dict[str, str]] = None) -> None:
+    """Logs a warning, once per range and process, for each range that skipped batches.
+
+    Args:
+      counts: {range name (`<prefix>` of `<prefix>/min`): skipped batches}.
+      tensors: {range name: the tensor it quantizes}, where known.
+    """
+    for name, count in sorted(counts.items()):
+        if not count or name in _WARNED:
+            continue
+        _WARNED.add(name)
+        tensor = (tensors or {}).get(name)
+        logging.warning(
+            "qat: the range %s%s skipped %d training batch%s whose min or max was NaN or "
+            "infinite, and kept its value. Look for NaN or infinite values in the data fed at "
+            "those steps, or for an overflow before %s (a range restored as NaN skips every "
+            "batch: see docs/known_limits.md).", name,
+            f" (of {tensor})" if tensor else "", count, "" if count == 1 else "es",
+            tensor or "that tensor")
 
 
 class FiniteGuard:

@@ -19,19 +19,16 @@ conds and loops are built from graph ops (Switch/Merge, Enter/Exit), which the
 passes do see; a `tf.function` is called as its Python function instead.
 """
 import dataclasses
-from typing import Dict, Iterator, List, Sequence, Set, Tuple
+from typing import Dict, List, Sequence, Set, Tuple
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import function_pb2
 
+from qat.engine import function_library
 from qat.engine import marks
 from qat.matching import layer_patterns
 
-# Op types that call functions of the library through function attributes.
-FUNCTIONAL_CONTROL_FLOW_TYPES = frozenset([
-    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
-    "PartitionedCall", "StatefulPartitionedCall"])
 # The layer types whose weights the rewrite quantizes (transposed convs too).
 DEFAULT_LAYER_TYPES = tuple(layer_patterns.LAYER_TYPES) + ("Conv2DBackpropInput",)
 
@@ -69,19 +66,9 @@ class FunctionLayer:
                 f"the rewrite cannot edit function bodies; {WORKAROUND}")
 
 
-def _called_functions(attrs) -> Iterator[str]:
-    """Names of the functions a node's attributes refer to."""
-    for attr in attrs.values():
-        if attr.HasField("func"):
-            yield attr.func.name
-        elif attr.HasField("list"):
-            for func in attr.list.func:
-                yield func.name
-
-
 def _calls(node_op: str, attrs, library: Dict[str, function_pb2.FunctionDef]
            ) -> List[str]:
-    names = list(_called_functions(attrs))
+    names = function_library.called_functions(attrs)
     if node_op in library:  # A direct call: the op type is the function name.
         names.append(node_op)
     return names
@@ -102,12 +89,9 @@ def find_function_layers(graph: tf.Graph,
       reached twice through one call (both branches calling one function)
       once. Empty when the graph calls no function.
     """
-    if not graph._functions:  # pylint: disable=protected-access
-        return []  # No function to look into: skip serializing the graph.
-    library_defs = graph.as_graph_def().library.function
-    if not library_defs:
-        return []
-    library = {f.signature.name: f for f in library_defs}
+    library = function_library.library_of(graph)
+    if not library:
+        return []  # No function to look into.
     wanted = frozenset(layer_types)
     found = []
     for op in graph.get_operations():

@@ -13,10 +13,10 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
+from qat.engine import function_library
 from qat.engine import marks
 from qat.matching import frames
 from qat.matching import layer_patterns
-from qat.matching import loops
 from qat.matching import tensors
 from qat.matching.matcher import GraphMatcher, MatchResult
 from qat.matching.tensors import forward_closure
@@ -46,7 +46,7 @@ is_float = tails.is_float  # Data FakeQuant can quantize (a batch norm's output 
 # Op types a prepare pass replaces and leaves unconnected, though they still
 # read the graph's tensors: a loop it unrolled (a While, a TF1 loop's Enter
 # ops), a call it inlined. Their reads are none of the model's.
-REPLACEABLE_TYPES = loops.LOOP_TYPES | loops.CALL_TYPES | frames.FRAME_TYPES
+REPLACEABLE_TYPES = function_library.CALL_TYPES | frames.FRAME_TYPES
 
 # FakeQuant ops qat did not build (contrib's, hand-made): reused as ranges.
 USER_FAKE_QUANT_TYPES = tensors.FAKE_QUANT_TYPES | {"FakeQuantWithMinMaxArgs"}
@@ -250,8 +250,7 @@ class GraphView(object):
     def function_library(self):
         """{function name: FunctionDef} of the graph (If branches)."""
         if self.library is None:
-            self.library = {f.signature.name: f for f in
-                            self.graph.as_graph_def().library.function}
+            self.library = function_library.library_of(self.graph)
         return self.library
 
     def is_data(self, t: tf.Tensor) -> bool:

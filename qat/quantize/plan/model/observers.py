@@ -34,6 +34,7 @@ from typing import Iterable, Set
 
 import tensorflow as tf
 
+from qat.engine import function_library
 from qat.quantize.plan.ops import patterns as qp
 
 # Ops that consume what they watch and compute nothing the model reads.
@@ -51,7 +52,6 @@ PASS_THROUGH_TYPES = frozenset(["Print", "CheckNumerics", "CheckNumericsV2"])
 
 # Functional conditionals: TF 2's control flow builds an assert's guard as one
 # (`tf.debugging.assert_*` with control flow v2: AssertGuard).
-_CONDITIONAL_TYPES = frozenset(["If", "StatelessIf"])
 _MERGE_TYPES = frozenset(["Merge", "RefMerge"])
 # What else a guard's branches may hold besides sinks.
 _INERT_TYPES = frozenset(["NoOp", "Identity", "Const", "Placeholder"])
@@ -89,7 +89,7 @@ def _is_assert_guard(op: tf.Operation) -> bool:
 def is_sink(op: tf.Operation) -> bool:
     """An observation sink (an assert's guard too) or a variable update."""
     return (op.type in SINK_TYPES or qp.is_state_update(op)
-            or (op.type in _CONDITIONAL_TYPES and _branches_only_observe(op))
+            or (op.type in function_library.CONDITIONAL_TYPES and _branches_only_observe(op))
             or _is_assert_guard(op))
 
 

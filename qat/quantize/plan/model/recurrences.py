@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
+from qat.engine import node_attrs
 from qat.matching import tensors
 from qat.quantize.plan.ops import patterns as qp
 
@@ -103,8 +104,8 @@ def constant_source(t: tf.Tensor) -> tf.Tensor:
 
 
 def _attrs(op: tf.Operation) -> Dict[str, bytes]:
-    return {k: v.SerializeToString() for k, v in op.node_def.attr.items()
-            if not k.startswith("_")}
+    return {k: v.SerializeToString()
+            for k, v in node_attrs.public_attrs(op.node_def.attr).items()}
 
 
 class _Matcher(object):

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
+from qat.engine import function_library
 from qat.engine import marks
 from qat.matching import layer_patterns
 from qat.matching import tensors
@@ -21,7 +22,6 @@ from qat.quantize.plan.model import feeds
 from qat.quantize.plan.ops import patterns as qp
 
 # A tf_keras batch norm's functional cond returns the layer's normalized value.
-_CONDITIONAL_TYPES = frozenset(["If", "StatelessIf"])
 
 
 def is_float(t: tf.Tensor) -> bool:
@@ -143,7 +143,7 @@ class LayerTails(object):
                         continue
                     if _scales_by_scalar(c, self.is_data):
                         continue  # A MUL of its own, never folded.
-                    if c.type in _CONDITIONAL_TYPES and not any(is_float(o) for o in c.outputs):
+                    if c.type in function_library.CONDITIONAL_TYPES and not any(is_float(o) for o in c.outputs):
                         continue  # No value of the layer's: an observer's (zero_fraction's count).
                     if _reduces_channels(c, layer):
                         continue  # Layer-norm statistics: ops of their own.

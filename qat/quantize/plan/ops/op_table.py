@@ -34,6 +34,8 @@ Structures matched as a whole (patterns, in `qat.matching.matcher` style):
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
+from qat.engine import function_library
+
 OWN_RANGE_TYPES = frozenset([
     "Add", "AddV2", "BiasAdd", "Sub", "Mul", "Mean", "Sum", "ConcatV2",
     "Concat", "LeakyRelu", "SquaredDifference", "Relu", "Relu6",
@@ -92,10 +94,7 @@ SAME_SCALE_TYPES = frozenset([
 ])
 
 # Ops that run functions: what is inside is invisible to the planner.
-FUNCTIONAL_TYPES = frozenset([
-    "If", "StatelessIf", "While", "StatelessWhile", "PartitionedCall",
-    "StatefulPartitionedCall", "Case", "StatelessCase",
-])
+FUNCTIONAL_TYPES = function_library.CALL_TYPES
 
 # A whole recurrent layer in one op (cuDNN's: Keras 3 LSTM / GRU traced where a
 # GPU is visible, tf.compat.v1 cudnn_rnn): TFLite has no kernel for it and qat
