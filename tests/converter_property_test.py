@@ -27,7 +27,9 @@ number of networks.
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-# oneDNN stays on: only it computes grouped convolutions' gradients on CPUs.
+# oneDNN on: only it computes grouped convolutions' gradients on CPUs, and TensorFlow
+# turns it on by default only where the CPU has AVX-512 (this AMD EPYC has not).
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
 
 import hypothesis  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
