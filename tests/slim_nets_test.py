@@ -303,7 +303,8 @@ class SlimNetsTest(zoo_util.ZooAssertions, parameterized.TestCase):
                     self.assert_outputs_vary(run_tflite(exported, inputs),
                                              f"{export_flavour} (qat.export)")
                 self.assert_each_layer_agrees(frozen, x, y, inputs, export_flavour, exported)
-                model = zoo_util.convert_with_tf(sess, x, y, export_flavour, _INPUT_RANGE)
+                model = zoo_util.convert_with_tf(sess, x, y, export_flavour, _INPUT_RANGE,
+                                                 frozen=frozen)
                 export.check_fully_integer(model, frozen, label=f"{name} {export_flavour} (TF)")
                 range_survival.check_range_survival(
                     frozen, model, label=f"{name} {export_flavour} (TF)")

@@ -86,7 +86,7 @@ class ZooChecks(zoo_util.ZooAssertions):
                 figures[flavour] = (exported.parity.max_diff_steps, worst)
             for flavour in flavours:
                 model = zoo_util.convert_with_tf(sess, x, y, flavour,
-                                                 input_range)
+                                                 input_range, frozen=frozen)
                 export.check_fully_integer(model, frozen,
                                            label=f"{name} {flavour} (TF)")
                 # Every activation range is a TFLite tensor with its scale

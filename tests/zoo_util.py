@@ -368,10 +368,15 @@ def eval_session(name: str, checkpoint: str):
     return sess, x, y
 
 
-def convert_with_tf(sess, x, y, flavour: str, input_range) -> bytes:
-    """TensorFlow's own converter with the flags of docs/int8_export.md (no qat.export)."""
-    frozen = tf1.graph_util.convert_variables_to_constants(
-        sess, sess.graph.as_graph_def(), [y.op.name])
+def convert_with_tf(sess, x, y, flavour: str, input_range, frozen=None) -> bytes:
+    """TensorFlow's own converter with the flags of docs/int8_export.md (no qat.export).
+
+    `frozen`: the graph `sess` freezes to at `y` (qat.export.freeze_session),
+    where the caller has it already; frozen here otherwise.
+    """
+    if frozen is None:
+        frozen = tf1.graph_util.convert_variables_to_constants(
+            sess, sess.graph.as_graph_def(), [y.op.name])
     g = tf.Graph()
     with g.as_default():
         tf.import_graph_def(frozen, name="")
