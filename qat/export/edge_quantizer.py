@@ -1,0 +1,380 @@
+"""Mixed int8/int16 LiteRT models from qat's own ranges, by ai-edge-quantizer.
+
+Why this module exists: TF's converter refuses a 16-bit activation FakeQuant
+inside an 8-bit graph (`'tfl.tanh' op failed to verify that input and output
+must have same element type`): it never inserts the int8 <-> int16
+requantization. ai-edge-quantizer (PyPI `ai-edge-quantizer`, Google's LiteRT
+quantizer) quantizes a float `.tflite` op by op, int8 and int16 activations
+mixed, and takes calibration results it did not compute. This module hands
+it the ranges and bits qat trained, so nothing is calibrated again:
+
+1. The frozen eval graph is made float: each weight FakeQuant becomes the
+   constant it computes (the float weights on qat's grid), each activation
+   FakeQuant an Identity; TF's converter (no optimizations) makes the float
+   `.tflite`. Its tensors are named after the TF ops whose values they hold
+   (`qat.tflite.names`), so each one is matched to the FakeQuant that
+   quantizes that value.
+2. The calibration result is those FakeQuants' (min, max); tensors no
+   FakeQuant quantizes (pass-through ops such as SPLIT, UNPACK, TRANSPOSE,
+   which ai-edge-quantizer gives their input's scale) take the min and max
+   the float model computes on `sample_inputs`.
+3. The recipe: one `min_max_uniform_quantize` rule per op, int8 asymmetric
+   activations (FakeQuant's grid: scale (max - min) / 255, zero point rounded)
+   or int16 symmetric ones (LiteRT's int16 kernels want zero point 0), and
+   symmetric per-tensor weights of the weight FakeQuant's `num_bits` (8 or 4;
+   qat's narrow symmetric grid is max|w| / (2**(bits-1) - 1), ai-edge-quantizer's too).
+
+A FakeQuant is 16-bit when its `num_bits` is 16, or when `activation_bits`
+asks for it. A 16-bit FakeQuant must span [-32768 s, 32767 s] (LiteRT's int16
+grid, zero point 0); one asked for by `activation_bits` is rewritten so, and
+`reference_graph_def` holds the eval graph with those rewrites: the model's
+reference (the eval function it reproduces).
+"""
+import dataclasses
+import re
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import tensor_util
+
+from qat.export.errors import ExportError
+from qat.export.freeze import op_name
+
+_FAKE_QUANTS = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs"])
+_INPUTS = frozenset(["Placeholder", "PlaceholderWithDefault"])
+_THROUGH = frozenset(["Identity", "Reshape", "Transpose", "ReadVariableOp"])
+_ALGORITHM = "min_max_uniform_quantize"
+_INT16 = (-32768, 32767)
+
+
+class EdgeQuantizerUnavailableError(ExportError):
+    """ai-edge-quantizer is not installed (`pip install ai-edge-quantizer`)."""
+
+
+@dataclasses.dataclass
+class EdgeQuantizedModel:
+    """A mixed-precision LiteRT model and what it was made from.
+
+    Attributes:
+      model: the `.tflite` bytes (float input and output, integer inside).
+      reference_graph_def: the frozen eval graph the model reproduces (16-bit
+        FakeQuants on LiteRT's int16 grid).
+      tensor_bits: {TFLite tensor name: 8 or 16} of every tensor given a qat range.
+      calibrated: TFLite tensors no FakeQuant quantizes (ranges from `sample_inputs`).
+      recipe: the ai-edge-quantizer recipe used (JSON-ready).
+    """
+    model: bytes
+    reference_graph_def: tf.compat.v1.GraphDef
+    tensor_bits: Dict[str, int]
+    calibrated: List[str]
+    recipe: List[dict]
+
+
+def _edge_quantizer():
+    try:
+        from ai_edge_quantizer import quantizer  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise EdgeQuantizerUnavailableError(
+            "mixed int8/int16 export needs ai-edge-quantizer: pip install "
+            f"'ai-edge-quantizer>=0.10,<0.11' ({e})") from e
+    return quantizer
+
+
+def _nodes(graph_def) -> Dict[str, tf.compat.v1.NodeDef]:
+    return {n.name: n for n in graph_def.node}
+
+
+def _reads_input(name: str, nodes) -> bool:
+    """Whether the value of node `name` depends on a graph input."""
+    stack, seen = [name], set()
+    while stack:
+        node = nodes.get(op_name(stack.pop()))
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        if node.op in _INPUTS:
+            return True
+        stack.extend(i for i in node.input if not i.startswith("^"))
+    return False
+
+
+def _const(nodes, name: str) -> Optional[np.ndarray]:
+    node = nodes.get(op_name(name))
+    while node is not None and node.op == "Identity":
+        node = nodes.get(op_name(node.input[0]))
+    if node is None or node.op != "Const":
+        return None
+    return tensor_util.MakeNdarray(node.attr["value"].tensor)
+
+
+def _activation_range(node, nodes) -> Tuple[float, float]:
+    if node.op == "FakeQuantWithMinMaxArgs":
+        return float(node.attr["min"].f), float(node.attr["max"].f)
+    lo, hi = _const(nodes, node.input[1]), _const(nodes, node.input[2])
+    if lo is None or hi is None or lo.size != 1:
+        raise ExportError(f"FakeQuant {node.name}: its min/max are not per-tensor constants of "
+                          "a frozen graph; freeze the eval graph first (qat.export.freeze_function)")
+    return float(lo), float(hi)
+
+
+def int16_range(lo: float, hi: float) -> Tuple[float, float]:
+    """The FakeQuant range on LiteRT's int16 grid covering [lo, hi]: [-32768 s, 32767 s]."""
+    scale = max(abs(lo), abs(hi), 1e-9) / _INT16[1]
+    return _INT16[0] * scale, _INT16[1] * scale
+
+
+def _on_int16_grid(lo: float, hi: float) -> bool:
+    want = int16_range(lo, hi)
+    return np.allclose((lo, hi), want, rtol=1e-5, atol=0)
+
+
+def _split(graph_def, activation_bits: Mapping[str, int]):
+    """(float graph_def, reference graph_def, activations, weights): activations
+    {FakeQuant: (min, max, bits)} and weights {FakeQuant: bits}."""
+    nodes = _nodes(graph_def)
+    unknown = sorted(set(activation_bits) - set(nodes))
+    if unknown:
+        raise ExportError(f"activation_bits names FakeQuants not in the graph: {unknown}")
+    activations, weights = {}, {}
+    for node in graph_def.node:
+        if node.op not in _FAKE_QUANTS:
+            continue
+        bits = int(node.attr["num_bits"].i)
+        if not _reads_input(node.input[0], nodes):
+            weights[node.name] = bits
+            continue
+        lo, hi = _activation_range(node, nodes)
+        want = int(activation_bits.get(node.name, bits))
+        if want not in (8, 16):
+            raise ExportError(f"FakeQuant {node.name}: {want}-bit activations have no LiteRT "
+                              "kernels; use 8 or 16")
+        if want == 16 and bits == 16 and not _on_int16_grid(lo, hi):
+            raise ExportError(
+                f"16-bit FakeQuant {node.name} spans [{lo}, {hi}], not LiteRT's int16 grid "
+                f"[-32768 s, 32767 s] (zero point 0): give it range {int16_range(lo, hi)}")
+        if want == 16:
+            lo, hi = int16_range(lo, hi)
+        activations[node.name] = (lo, hi, want)
+    for name, bits in activation_bits.items():
+        if name in weights:
+            raise ExportError(f"activation_bits names {name}, a weight FakeQuant")
+    reference = _reference(graph_def, activations)
+    return _float_graph(graph_def, activations, weights), reference, activations, weights
+
+
+def _reference(graph_def, activations) -> tf.compat.v1.GraphDef:
+    """The eval graph with each 16-bit activation FakeQuant on the int16 grid."""
+    out = tf.compat.v1.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in list(out.node):
+        if node.name not in activations or activations[node.name][2] != 16:
+            continue
+        lo, hi, _ = activations[node.name]
+        inputs = [node.input[0]]
+        node.ClearField("input")
+        node.op = "FakeQuantWithMinMaxArgs"
+        for key in list(node.attr):
+            if key not in ("narrow_range",):
+                del node.attr[key]
+        node.input.extend(inputs)
+        node.attr["min"].f, node.attr["max"].f = lo, hi
+        node.attr["num_bits"].i = 16
+        node.attr["narrow_range"].b = False
+    return out
+
+
+def _float_graph(graph_def, activations, weights) -> tf.compat.v1.GraphDef:
+    """Weight FakeQuants as the constants they compute, activation ones as Identity."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.import_graph_def(graph_def, name="")
+    with tf.compat.v1.Session(graph=graph) as sess:
+        values = sess.run({n: f"{n}:0" for n in weights}) if weights else {}
+    out = tf.compat.v1.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if node.name in values:
+            node.op = "Const"
+            node.ClearField("input")
+            node.ClearField("attr")
+            node.attr["dtype"].type = tf.float32.as_datatype_enum
+            node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(values[node.name]))
+        elif node.name in activations:
+            source = node.input[0]
+            node.op = "Identity"
+            node.ClearField("input")
+            node.ClearField("attr")
+            node.input.append(source)
+            node.attr["T"].type = tf.float32.as_datatype_enum
+    return out
+
+
+def _convert_float(graph_def, input_names: Sequence[str], output_names: Sequence[str]) -> bytes:
+    def load():
+        tf.import_graph_def(graph_def, name="")
+    wrapped = tf.compat.v1.wrap_function(load, [])
+    function = wrapped.prune([wrapped.graph.get_tensor_by_name(n) for n in input_names],
+                             [wrapped.graph.get_tensor_by_name(n) for n in output_names])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([function])
+    return converter.convert()
+
+
+def _fake_quant_of(tensor_name: str, nodes, activations, by_source) -> Optional[str]:
+    """The FakeQuant quantizing the value a TFLite tensor holds (its name's first part)."""
+    part = tensor_name.split(";")[0]
+    node = nodes.get(part) or nodes.get(part.rstrip("0123456789"))
+    while node is not None:
+        if node.name in activations:
+            return node.name
+        if node.name in by_source:
+            return by_source[node.name]
+        if node.op != "Identity":
+            return None
+        node = nodes.get(op_name(node.input[0]))
+    return None
+
+
+def _weight_bits_of(tensor_name: str, nodes, weights) -> Optional[int]:
+    """The bits of the weight FakeQuant behind a constant TFLite tensor.
+
+    The converter names a weight after the op reading it ("dense/MatMul"):
+    that op's input, back through Identity, Reshape and Transpose, is the
+    FakeQuant.
+    """
+    for part in tensor_name.split(";"):
+        node = nodes.get(part)
+        for source in (node.input if node is not None else []):
+            n = nodes.get(op_name(source))
+            while n is not None and n.op in _THROUGH and n.name not in weights:
+                n = nodes.get(op_name(n.input[0]))
+            if n is not None and n.name in weights:
+                return weights[n.name]
+    return None
+
+
+def _float_tensors(model: bytes, sample_inputs: Sequence[np.ndarray]) -> Dict[str, np.ndarray]:
+    from ai_edge_litert import interpreter as litert  # pylint: disable=import-outside-toplevel
+    interp = litert.Interpreter(model_content=model, experimental_preserve_all_tensors=True)
+    details = interp.get_input_details()
+    for d, value in zip(details, sample_inputs):
+        interp.resize_tensor_input(d["index"], np.shape(value))
+    interp.allocate_tensors()
+    for d, value in zip(details, sample_inputs):
+        interp.set_tensor(d["index"], np.asarray(value, d["dtype"]))
+    interp.invoke()
+    values = {}
+    for t in interp.get_tensor_details():
+        try:
+            value = interp.get_tensor(t["index"])
+        except ValueError:
+            continue
+        if value.dtype == np.float32 and value.size:
+            values[t["name"]] = value
+    return values
+
+
+def _op_bits(float_model: bytes, tensor_bits: Mapping[str, int], nodes,
+             weights) -> Dict[str, Tuple[int, int]]:
+    """{first output tensor name: (activation bits, weight bits)} of each op.
+
+    An op whose output no FakeQuant quantizes (TRANSPOSE, UNPACK, SPLIT, FILL:
+    LiteRT gives it its input's scale) computes at the widest bits of its
+    inputs, so a 16-bit value is not requantized to 8 bits on its way. The
+    weight bits are those of the FakeQuant of the op's constant input (8
+    where it has none). Graph inputs are ai-edge-quantizer's INPUT ops.
+    """
+    from ai_edge_quantizer.utils import tfl_flatbuffer_utils  # pylint: disable=import-outside-toplevel
+    model = tfl_flatbuffer_utils.read_model(float_model)
+    graph = model.subgraphs[0]
+    name = lambda i: graph.tensors[i].name.decode()  # pylint: disable=unnecessary-lambda-assignment
+
+    def constant(i):
+        data = model.buffers[graph.tensors[i].buffer].data
+        return data is not None and len(data) > 0
+
+    bits_of = dict(tensor_bits)
+    out = {name(i): (bits_of.get(name(i), 8), 8) for i in graph.inputs}
+    for op in graph.operators:
+        outputs = [name(i) for i in op.outputs if i >= 0]
+        if not outputs:
+            continue
+        if outputs[0] not in bits_of:
+            inherited = max([bits_of.get(name(i), 8) for i in op.inputs
+                             if i >= 0 and not constant(i)] or [8])
+            for tensor in outputs:
+                bits_of.setdefault(tensor, inherited)
+        weight_bits = [_weight_bits_of(name(i), nodes, weights) for i in op.inputs
+                       if i >= 0 and constant(i)]
+        out[outputs[0]] = (bits_of[outputs[0]], min([b for b in weight_bits if b] or [8]))
+    return out
+
+
+def _op_config(activation_bits: int, weight_bits: int) -> dict:
+    return {
+        "activation_tensor_config": {"num_bits": activation_bits,
+                                     "symmetric": activation_bits == 16,
+                                     "granularity": "TENSORWISE", "dtype": "INT"},
+        "weight_tensor_config": {"num_bits": weight_bits, "symmetric": True,
+                                 "granularity": "TENSORWISE", "dtype": "INT"},
+        "compute_precision": "INTEGER", "explicit_dequantize": False, "skip_checks": False,
+        "min_weight_elements": 0}
+
+
+def mixed_precision_model(graph_def: tf.compat.v1.GraphDef, input_names: Sequence[str],
+                          output_names: Sequence[str], sample_inputs: Sequence[np.ndarray],
+                          activation_bits: Optional[Mapping[str, int]] = None
+                          ) -> EdgeQuantizedModel:
+    """A LiteRT model with int8 and int16 activations, from a frozen eval graph.
+
+    Args:
+      graph_def: a frozen eval graph (`qat.export.freeze_function(...).graph_def`
+        or `freeze_session`), its FakeQuants carrying qat's ranges and bits.
+      input_names: its input tensors (`name:0`), in order.
+      output_names: its output tensors.
+      sample_inputs: one array per input (a batch), for the tensors no
+        FakeQuant quantizes (pass-through ops).
+      activation_bits: {activation FakeQuant op name: 8 or 16}, over the
+        graph's own `num_bits`.
+
+    Returns:
+      The model, its reference eval graph and the bits of each tensor.
+
+    Raises:
+      EdgeQuantizerUnavailableError: ai-edge-quantizer is not installed.
+      ExportError: unknown FakeQuants, bits with no LiteRT kernel, a 16-bit
+        FakeQuant off the int16 grid, a FakeQuant range that is not constant.
+    """
+    quantizer = _edge_quantizer()
+    float_graph, reference, activations, weights = _split(graph_def, dict(activation_bits or {}))
+    float_model = _convert_float(float_graph, input_names, output_names)
+    nodes = _nodes(graph_def)
+    by_source = {}
+    for name in activations:
+        source = nodes.get(op_name(nodes[name].input[0]))
+        while source is not None and source.op == "Identity":
+            source = nodes.get(op_name(source.input[0]))
+        if source is not None:
+            by_source.setdefault(source.name, name)
+    values = _float_tensors(float_model, sample_inputs)
+    qsv, tensor_bits, calibrated = {}, {}, []
+    for tensor, value in values.items():
+        fake_quant = _fake_quant_of(tensor, nodes, activations, by_source)
+        if fake_quant is None:
+            qsv[tensor] = (float(value.min()), float(value.max()))
+            calibrated.append(tensor)
+            continue
+        lo, hi, tensor_bits[tensor] = activations[fake_quant]
+        qsv[tensor] = (-hi if tensor_bits[tensor] == 16 else lo, hi)  # int16: scale max / 32767.
+    recipe = [{"regex": ".*", "operation": "*", "algorithm_key": _ALGORITHM,
+               "op_config": _op_config(8, 8)}]
+    for tensor, bits in _op_bits(float_model, tensor_bits, nodes, weights).items():
+        if bits != (8, 8):  # A rule per op unlike the default.
+            recipe.append({"regex": "^" + re.escape(tensor) + ";", "operation": "*",
+                           "algorithm_key": _ALGORITHM, "op_config": _op_config(*bits)})
+    qsv = {t: {"min": np.array(lo, np.float32), "max": np.array(hi, np.float32)}
+           for t, (lo, hi) in qsv.items()}
+    result = quantizer.Quantizer(float_model, recipe).quantize(
+        qsv, enable_progress_bar=False, enable_progress_report=False)
+    return EdgeQuantizedModel(bytes(result.quantized_model), reference, tensor_bits, calibrated,
+                              recipe)
