@@ -112,7 +112,7 @@ def _train(form, directory):
 
 def main(_):
     import numpy as np  # pylint: disable=import-outside-toplevel
-    from qat.export import edge_quantizer, inspect, parity  # pylint: disable=import-outside-toplevel
+    from qat.export import edge_quantizer, edge_quantizer_graphs, inspect, parity  # pylint: disable=g-import-not-at-top,import-outside-toplevel
     from tools import _recurrent_models as models  # pylint: disable=import-outside-toplevel
     (x, _), (xt, yt) = models.digit_rows()
     print(f"digit rows, {FLAGS.units} units; float {FLAGS.float_steps} steps, QAT "
@@ -132,8 +132,8 @@ def main(_):
                     model = int8
                 else:
                     nodes = {n.name: n for n in graph_def.node}
-                    bits = {n: 16 for n in names if edge_quantizer._reads_input(  # pylint: disable=protected-access
-                        nodes[n].input[0], nodes)}
+                    bits = {n: 16 for n in names
+                            if edge_quantizer_graphs.reads_input(nodes[n].input[0], nodes)}
                     result = edge_quantizer.mixed_precision_model(
                         graph_def, inputs, outputs, [x[:256]], activation_bits=bits)
                     model, reference = result.model, result.reference_graph_def

@@ -36,16 +36,13 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import tensor_util
 
+from qat.export import edge_quantizer_graphs as graphs
 from qat.export.errors import ExportError
 from qat.export.freeze import op_name
 
-_FAKE_QUANTS = frozenset(["FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs"])
-_INPUTS = frozenset(["Placeholder", "PlaceholderWithDefault"])
-_THROUGH = frozenset(["Identity", "Reshape", "Transpose", "ReadVariableOp"])
 _ALGORITHM = "min_max_uniform_quantize"
-_INT16 = (-32768, 32767)
+int16_range = graphs.int16_range
 
 
 class EdgeQuantizerUnavailableError(ExportError):
@@ -79,136 +76,6 @@ def _edge_quantizer():
             "mixed int8/int16 export needs ai-edge-quantizer: pip install "
             f"'ai-edge-quantizer>=0.10,<0.11' ({e})") from e
     return quantizer
-
-
-def _nodes(graph_def) -> Dict[str, tf.compat.v1.NodeDef]:
-    return {n.name: n for n in graph_def.node}
-
-
-def _reads_input(name: str, nodes) -> bool:
-    """Whether the value of node `name` depends on a graph input."""
-    stack, seen = [name], set()
-    while stack:
-        node = nodes.get(op_name(stack.pop()))
-        if node is None or node.name in seen:
-            continue
-        seen.add(node.name)
-        if node.op in _INPUTS:
-            return True
-        stack.extend(i for i in node.input if not i.startswith("^"))
-    return False
-
-
-def _const(nodes, name: str) -> Optional[np.ndarray]:
-    node = nodes.get(op_name(name))
-    while node is not None and node.op == "Identity":
-        node = nodes.get(op_name(node.input[0]))
-    if node is None or node.op != "Const":
-        return None
-    return tensor_util.MakeNdarray(node.attr["value"].tensor)
-
-
-def _activation_range(node, nodes) -> Tuple[float, float]:
-    if node.op == "FakeQuantWithMinMaxArgs":
-        return float(node.attr["min"].f), float(node.attr["max"].f)
-    lo, hi = _const(nodes, node.input[1]), _const(nodes, node.input[2])
-    if lo is None or hi is None or lo.size != 1:
-        raise ExportError(f"FakeQuant {node.name}: its min/max are not per-tensor constants of "
-                          "a frozen graph; freeze the eval graph first (qat.export.freeze_function)")
-    return float(lo), float(hi)
-
-
-def int16_range(lo: float, hi: float) -> Tuple[float, float]:
-    """The FakeQuant range on LiteRT's int16 grid covering [lo, hi]: [-32768 s, 32767 s]."""
-    scale = max(abs(lo), abs(hi), 1e-9) / _INT16[1]
-    return _INT16[0] * scale, _INT16[1] * scale
-
-
-def _on_int16_grid(lo: float, hi: float) -> bool:
-    want = int16_range(lo, hi)
-    return np.allclose((lo, hi), want, rtol=1e-5, atol=0)
-
-
-def _split(graph_def, activation_bits: Mapping[str, int]):
-    """(float graph_def, reference graph_def, activations, weights): activations
-    {FakeQuant: (min, max, bits)} and weights {FakeQuant: bits}."""
-    nodes = _nodes(graph_def)
-    unknown = sorted(set(activation_bits) - set(nodes))
-    if unknown:
-        raise ExportError(f"activation_bits names FakeQuants not in the graph: {unknown}")
-    activations, weights = {}, {}
-    for node in graph_def.node:
-        if node.op not in _FAKE_QUANTS:
-            continue
-        bits = int(node.attr["num_bits"].i)
-        if not _reads_input(node.input[0], nodes):
-            weights[node.name] = bits
-            continue
-        lo, hi = _activation_range(node, nodes)
-        want = int(activation_bits.get(node.name, bits))
-        if want not in (8, 16):
-            raise ExportError(f"FakeQuant {node.name}: {want}-bit activations have no LiteRT "
-                              "kernels; use 8 or 16")
-        if want == 16 and bits == 16 and not _on_int16_grid(lo, hi):
-            raise ExportError(
-                f"16-bit FakeQuant {node.name} spans [{lo}, {hi}], not LiteRT's int16 grid "
-                f"[-32768 s, 32767 s] (zero point 0): give it range {int16_range(lo, hi)}")
-        if want == 16:
-            lo, hi = int16_range(lo, hi)
-        activations[node.name] = (lo, hi, want)
-    for name, bits in activation_bits.items():
-        if name in weights:
-            raise ExportError(f"activation_bits names {name}, a weight FakeQuant")
-    reference = _reference(graph_def, activations)
-    return _float_graph(graph_def, activations, weights), reference, activations, weights
-
-
-def _reference(graph_def, activations) -> tf.compat.v1.GraphDef:
-    """The eval graph with each 16-bit activation FakeQuant on the int16 grid."""
-    out = tf.compat.v1.GraphDef()
-    out.CopyFrom(graph_def)
-    for node in list(out.node):
-        if node.name not in activations or activations[node.name][2] != 16:
-            continue
-        lo, hi, _ = activations[node.name]
-        inputs = [node.input[0]]
-        node.ClearField("input")
-        node.op = "FakeQuantWithMinMaxArgs"
-        for key in list(node.attr):
-            if key not in ("narrow_range",):
-                del node.attr[key]
-        node.input.extend(inputs)
-        node.attr["min"].f, node.attr["max"].f = lo, hi
-        node.attr["num_bits"].i = 16
-        node.attr["narrow_range"].b = False
-    return out
-
-
-def _float_graph(graph_def, activations, weights) -> tf.compat.v1.GraphDef:
-    """Weight FakeQuants as the constants they compute, activation ones as Identity."""
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.import_graph_def(graph_def, name="")
-    with tf.compat.v1.Session(graph=graph) as sess:
-        values = sess.run({n: f"{n}:0" for n in weights}) if weights else {}
-    out = tf.compat.v1.GraphDef()
-    out.CopyFrom(graph_def)
-    for node in out.node:
-        if node.name in values:
-            node.op = "Const"
-            node.ClearField("input")
-            node.ClearField("attr")
-            node.attr["dtype"].type = tf.float32.as_datatype_enum
-            node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(values[node.name]))
-        elif node.name in activations:
-            source = node.input[0]
-            node.op = "Identity"
-            node.ClearField("input")
-            node.ClearField("attr")
-            node.input.append(source)
-            node.attr["T"].type = tf.float32.as_datatype_enum
-    return out
-
 
 def _convert_float(graph_def, input_names: Sequence[str], output_names: Sequence[str]) -> bytes:
     def load():
@@ -246,7 +113,7 @@ def _weight_bits_of(tensor_name: str, nodes, weights) -> Optional[int]:
         node = nodes.get(part)
         for source in (node.input if node is not None else []):
             n = nodes.get(op_name(source))
-            while n is not None and n.op in _THROUGH and n.name not in weights:
+            while n is not None and n.op in graphs.THROUGH and n.name not in weights:
                 n = nodes.get(op_name(n.input[0]))
             if n is not None and n.name in weights:
                 return weights[n.name]
@@ -274,15 +141,18 @@ def _float_tensors(model: bytes, sample_inputs: Sequence[np.ndarray]) -> Dict[st
     return values
 
 
-def _op_bits(float_model: bytes, tensor_bits: Mapping[str, int], nodes,
-             weights) -> Dict[str, Tuple[int, int]]:
+def _op_bits(float_model: bytes, tensor_bits: Mapping[str, int], nodes, weights,
+             qsv: Dict[str, Tuple[float, float]], calibrated: Sequence[str]
+             ) -> Dict[str, Tuple[int, int]]:
     """{first output tensor name: (activation bits, weight bits)} of each op.
 
     An op whose output no FakeQuant quantizes (TRANSPOSE, UNPACK, SPLIT, FILL:
     LiteRT gives it its input's scale) computes at the widest bits of its
     inputs, so a 16-bit value is not requantized to 8 bits on its way. The
     weight bits are those of the FakeQuant of the op's constant input (8
-    where it has none). Graph inputs are ai-edge-quantizer's INPUT ops.
+    where it has none). Graph inputs are ai-edge-quantizer's INPUT ops. Such
+    an op's output takes its input's range in `qsv` (updated), as LiteRT's
+    kernels of those ops want.
     """
     from ai_edge_quantizer.utils import tfl_flatbuffer_utils  # pylint: disable=import-outside-toplevel
     model = tfl_flatbuffer_utils.read_model(float_model)
@@ -300,10 +170,13 @@ def _op_bits(float_model: bytes, tensor_bits: Mapping[str, int], nodes,
         if not outputs:
             continue
         if outputs[0] not in bits_of:
-            inherited = max([bits_of.get(name(i), 8) for i in op.inputs
-                             if i >= 0 and not constant(i)] or [8])
+            data = [name(i) for i in op.inputs if i >= 0 and not constant(i)]
+            inherited = max([bits_of.get(n, 8) for n in data] or [8])
             for tensor in outputs:
                 bits_of.setdefault(tensor, inherited)
+                ranged = [n for n in data if n in qsv]
+                if tensor in calibrated and ranged:
+                    qsv[tensor] = qsv[ranged[0]]
         weight_bits = [_weight_bits_of(name(i), nodes, weights) for i in op.inputs
                        if i >= 0 and constant(i)]
         out[outputs[0]] = (bits_of[outputs[0]], min([b for b in weight_bits if b] or [8]))
@@ -319,6 +192,52 @@ def _op_config(activation_bits: int, weight_bits: int) -> dict:
                                  "granularity": "TENSORWISE", "dtype": "INT"},
         "compute_precision": "INTEGER", "explicit_dequantize": False, "skip_checks": False,
         "min_weight_elements": 0}
+
+
+def _integer_fills(model: bytes) -> bytes:
+    """FILL (float) -> QUANTIZE pairs as one integer FILL.
+
+    ai-edge-quantizer has no FILL rule: a recurrent layer's zero initial state
+    (a FILL of the batch's shape) stays float, then a QUANTIZE. LiteRT's FILL
+    runs on int8 and int16 with the value's scale and zero point the
+    output's: the value is quantized here and the QUANTIZE dropped.
+    """
+    from ai_edge_litert import schema_py_generated as schema  # pylint: disable=import-outside-toplevel
+    from ai_edge_litert.tools import flatbuffer_utils  # pylint: disable=import-outside-toplevel
+    flat = flatbuffer_utils.read_model_from_bytearray(bytearray(model))
+    codes = [c.builtinCode for c in flat.operatorCodes]
+    types = {schema.TensorType.INT8: np.int8, schema.TensorType.INT16: np.int16}
+    for graph in flat.subgraphs:
+        readers = {}
+        for op in graph.operators:
+            for i in op.inputs:
+                readers.setdefault(i, []).append(op)
+        dropped = []
+        for op in graph.operators:
+            if codes[op.opcodeIndex] != schema.BuiltinOperator.FILL:
+                continue
+            users = readers.get(op.outputs[0], [])
+            value = graph.tensors[op.inputs[1]]
+            data = flat.buffers[value.buffer].data
+            if (len(users) != 1 or codes[users[0].opcodeIndex] != schema.BuiltinOperator.QUANTIZE
+                    or data is None or len(data) != 4 or op.outputs[0] in graph.outputs):
+                continue
+            out = graph.tensors[users[0].outputs[0]]
+            if out.type not in types or out.quantization is None:
+                continue
+            scale, zero = float(out.quantization.scale[0]), int(out.quantization.zeroPoint[0])
+            info = np.iinfo(types[out.type])
+            number = float(np.frombuffer(bytes(bytearray(data)), np.float32)[0])
+            quantized = np.clip(np.round(number / scale) + zero, info.min, info.max)
+            buffer = schema.BufferT()
+            buffer.data = np.array([quantized], types[out.type]).tobytes()
+            flat.buffers.append(buffer)
+            value.buffer, value.type = len(flat.buffers) - 1, out.type
+            value.quantization = out.quantization
+            op.outputs[0] = users[0].outputs[0]
+            dropped.append(users[0])
+        graph.operators = [op for op in graph.operators if all(op is not d for d in dropped)]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(flat))
 
 
 def mixed_precision_model(graph_def: tf.compat.v1.GraphDef, input_names: Sequence[str],
@@ -346,9 +265,10 @@ def mixed_precision_model(graph_def: tf.compat.v1.GraphDef, input_names: Sequenc
         FakeQuant off the int16 grid, a FakeQuant range that is not constant.
     """
     quantizer = _edge_quantizer()
-    float_graph, reference, activations, weights = _split(graph_def, dict(activation_bits or {}))
+    float_graph, reference, activations, weights = graphs.split_fake_quants(
+        graph_def, dict(activation_bits or {}))
     float_model = _convert_float(float_graph, input_names, output_names)
-    nodes = _nodes(graph_def)
+    nodes = graphs.nodes_by_name(graph_def)
     by_source = {}
     for name in activations:
         source = nodes.get(op_name(nodes[name].input[0]))
@@ -368,7 +288,8 @@ def mixed_precision_model(graph_def: tf.compat.v1.GraphDef, input_names: Sequenc
         qsv[tensor] = (-hi if tensor_bits[tensor] == 16 else lo, hi)  # int16: scale max / 32767.
     recipe = [{"regex": ".*", "operation": "*", "algorithm_key": _ALGORITHM,
                "op_config": _op_config(8, 8)}]
-    for tensor, bits in _op_bits(float_model, tensor_bits, nodes, weights).items():
+    for tensor, bits in _op_bits(float_model, tensor_bits, nodes, weights, qsv,
+                                 set(calibrated)).items():
         if bits != (8, 8):  # A rule per op unlike the default.
             recipe.append({"regex": "^" + re.escape(tensor) + ";", "operation": "*",
                            "algorithm_key": _ALGORITHM, "op_config": _op_config(*bits)})
@@ -376,5 +297,5 @@ def mixed_precision_model(graph_def: tf.compat.v1.GraphDef, input_names: Sequenc
            for t, (lo, hi) in qsv.items()}
     result = quantizer.Quantizer(float_model, recipe).quantize(
         qsv, enable_progress_bar=False, enable_progress_report=False)
-    return EdgeQuantizedModel(bytes(result.quantized_model), reference, tensor_bits, calibrated,
-                              recipe)
+    return EdgeQuantizedModel(_integer_fills(bytes(result.quantized_model)), reference,
+                              tensor_bits, calibrated, recipe)
