@@ -117,8 +117,8 @@ def main(_):
     (x, _), (xt, yt) = models.digit_rows()
     print(f"digit rows, {FLAGS.units} units; float {FLAGS.float_steps} steps, QAT "
           f"{FLAGS.qat_steps} steps; {len(yt)} held-out digits")
-    print(f"{'form':<18} {'export':<11} {'int16 FQs':>9} {'ref acc':>7} {'TFLite':>7} "
-          f"{'agree':>7} {'max steps':>9} {'float ops':>9} {'size':>7}")
+    print(f"{'form':<18} {'export':<11} {'int16_fqs':>9} {'ref_acc':>7} {'tflite':>7} "
+          f"{'agree':>7} {'max_steps':>9} {'float_ops':>9} {'size':>7}")
     for form in FLAGS.forms:
         graph_def, inputs, outputs, int8 = _train(form, tempfile.mkdtemp())
         exports = [("tf-int8", None)]

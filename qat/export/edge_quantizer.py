@@ -174,9 +174,8 @@ def _op_bits(float_model: bytes, tensor_bits: Mapping[str, int], nodes, weights,
             inherited = max([bits_of.get(n, 8) for n in data] or [8])
             for tensor in outputs:
                 bits_of.setdefault(tensor, inherited)
-                ranged = [n for n in data if n in qsv]
-                if tensor in calibrated and ranged:
-                    qsv[tensor] = qsv[ranged[0]]
+                if tensor in calibrated and len(data) == 1 and data[0] in qsv:
+                    qsv[tensor] = qsv[data[0]]  # One input: TRANSPOSE, UNPACK, SPLIT.
         weight_bits = [_weight_bits_of(name(i), nodes, weights) for i in op.inputs
                        if i >= 0 and constant(i)]
         out[outputs[0]] = (bits_of[outputs[0]], min([b for b in weight_bits if b] or [8]))
@@ -200,7 +199,7 @@ def _integer_fills(model: bytes) -> bytes:
     ai-edge-quantizer has no FILL rule: a recurrent layer's zero initial state
     (a FILL of the batch's shape) stays float, then a QUANTIZE. LiteRT's FILL
     runs on int8 and int16 with the value's scale and zero point the
-    output's: the value is quantized here and the QUANTIZE dropped.
+    output's: each QUANTIZE becomes a FILL of the quantized value.
     """
     from ai_edge_litert import schema_py_generated as schema  # pylint: disable=import-outside-toplevel
     from ai_edge_litert.tools import flatbuffer_utils  # pylint: disable=import-outside-toplevel
@@ -212,31 +211,41 @@ def _integer_fills(model: bytes) -> bytes:
         for op in graph.operators:
             for i in op.inputs:
                 readers.setdefault(i, []).append(op)
-        dropped = []
+        replaced = {}  # id(QUANTIZE op) -> the integer FILL computing its output
         for op in graph.operators:
-            if codes[op.opcodeIndex] != schema.BuiltinOperator.FILL:
-                continue
+            value = graph.tensors[op.inputs[1]] if len(op.inputs) > 1 else None
+            data = flat.buffers[value.buffer].data if value is not None else None
             users = readers.get(op.outputs[0], [])
-            value = graph.tensors[op.inputs[1]]
-            data = flat.buffers[value.buffer].data
-            if (len(users) != 1 or codes[users[0].opcodeIndex] != schema.BuiltinOperator.QUANTIZE
-                    or data is None or len(data) != 4 or op.outputs[0] in graph.outputs):
+            if (codes[op.opcodeIndex] != schema.BuiltinOperator.FILL or data is None
+                    or len(data) != 4 or op.outputs[0] in graph.outputs or not users
+                    or any(codes[u.opcodeIndex] != schema.BuiltinOperator.QUANTIZE
+                           for u in users)):
                 continue
-            out = graph.tensors[users[0].outputs[0]]
-            if out.type not in types or out.quantization is None:
-                continue
-            scale, zero = float(out.quantization.scale[0]), int(out.quantization.zeroPoint[0])
-            info = np.iinfo(types[out.type])
             number = float(np.frombuffer(bytes(bytearray(data)), np.float32)[0])
-            quantized = np.clip(np.round(number / scale) + zero, info.min, info.max)
-            buffer = schema.BufferT()
-            buffer.data = np.array([quantized], types[out.type]).tobytes()
-            flat.buffers.append(buffer)
-            value.buffer, value.type = len(flat.buffers) - 1, out.type
-            value.quantization = out.quantization
-            op.outputs[0] = users[0].outputs[0]
-            dropped.append(users[0])
-        graph.operators = [op for op in graph.operators if all(op is not d for d in dropped)]
+            for user in users:
+                out = graph.tensors[user.outputs[0]]
+                if out.type not in types or out.quantization is None:
+                    break
+                scale, zero = float(out.quantization.scale[0]), int(out.quantization.zeroPoint[0])
+                info = np.iinfo(types[out.type])
+                buffer = schema.BufferT()
+                buffer.data = np.array([np.clip(np.round(number / scale) + zero, info.min,
+                                                info.max)], types[out.type]).tobytes()
+                flat.buffers.append(buffer)
+                tensor = schema.TensorT()
+                tensor.name, tensor.shape = value.name + b"_int", value.shape
+                tensor.type, tensor.buffer = out.type, len(flat.buffers) - 1
+                tensor.quantization = out.quantization
+                graph.tensors.append(tensor)
+                fill = schema.OperatorT()
+                fill.opcodeIndex = op.opcodeIndex
+                fill.inputs = [op.inputs[0], len(graph.tensors) - 1]
+                fill.outputs = [user.outputs[0]]
+                replaced[id(user)] = fill
+            else:  # Every reader now has its integer FILL.
+                replaced[id(op)] = None
+        graph.operators = [replaced.get(id(op), op) for op in graph.operators
+                           if replaced.get(id(op), op) is not None]
     return bytes(flatbuffer_utils.convert_object_to_bytearray(flat))
 
 
