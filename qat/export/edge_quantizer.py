@@ -174,8 +174,11 @@ def _op_bits(float_model: bytes, tensor_bits: Mapping[str, int], nodes, weights,
             inherited = max([bits_of.get(n, 8) for n in data] or [8])
             for tensor in outputs:
                 bits_of.setdefault(tensor, inherited)
-                if tensor in calibrated and len(data) == 1 and data[0] in qsv:
-                    qsv[tensor] = qsv[data[0]]  # One input: TRANSPOSE, UNPACK, SPLIT.
+                float_constants = [i for i in op.inputs if i >= 0 and constant(i)
+                                   and graph.tensors[i].type == 0]  # TensorType FLOAT32
+                if (tensor in calibrated and len(data) == 1 and data[0] in qsv
+                        and not float_constants):  # TRANSPOSE, UNPACK, SPLIT; not x + 1.
+                    qsv[tensor] = qsv[data[0]]
         weight_bits = [_weight_bits_of(name(i), nodes, weights) for i in op.inputs
                        if i >= 0 and constant(i)]
         out[outputs[0]] = (bits_of[outputs[0]], min([b for b in weight_bits if b] or [8]))
