@@ -4,6 +4,7 @@ Speed and memory targets live in these benchmarks, not in timed tests; this
 only keeps them working (tiny sizes, no figure is judged): each runs as a
 user runs it and its output is parsed.
 """
+import importlib.util
 import os
 import re
 import subprocess
@@ -104,6 +105,16 @@ class BenchRecurrentTest(absltest.TestCase):
         self.assertEqual(len(re.findall(r"^2 steps, (unrolled|while) +batch +\d+: +\d+ bytes", out,
                                         re.MULTILINE)), 4, out)
         self.assertRegex(out, r"unrolled batch +1: .* float ops none")
+
+    @absltest.skipIf(importlib.util.find_spec("ai_edge_quantizer") is None,
+                     "ai-edge-quantizer is not installed: pip install ai-edge-quantizer")
+    def test_edge_quantizer_exports_are_measured(self):
+        out = _run("bench_edge_quantizer.py", "--forms=k3_lstm_unroll", "--units=4",
+                   "--float_steps=2", "--qat_steps=2")
+        rows = _rows(out, "export")
+        self.assertEqual([r["export"] for r in rows], [
+            "tf-int8", "aeq-int8", "aeq-c16", "aeq-c16g16", "aeq-r16", "aeq-a16"])
+        self.assertEqual({r["float_ops"] for r in rows}, {"0"})
 
 
 if __name__ == "__main__":
