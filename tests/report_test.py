@@ -368,10 +368,17 @@ class DigitsReportTest(absltest.TestCase):
             self.assertGreater(row.sqnr_qat_db, 10.0, row)
             self.assertIsNotNone(row.tflite_tensor, row)
             self.assertGreater(row.sqnr_tflite_db, row.sqnr_qat_db, row)
+        logits = rows["digits/logits/MatMul"]
         for row in self.numerics.rows:
             # The export's parity bound (tests/export_test.py: 4 output steps),
             # here for every layer; off-by-one roundings are rare.
-            self.assertLessEqual(row.max_diff_steps, 4.0, row)
+            bound = 4.0
+            if row.name == "probabilities":
+                # A softmax passes on its logits' largest difference d as at most
+                # sum_j |dp_i/dz_j| * d = 2 p_i (1 - p_i) d <= d / 2, counted in its
+                # own (finer) steps, plus its own rounding.
+                bound = max(bound, 1.0 + 0.5 * logits.max_diff_steps * logits.scale / row.scale)
+            self.assertLessEqual(row.max_diff_steps, bound, row)
             self.assertLess(row.mean_diff_steps, 0.5, row)
         qat_out = self.numerics.rows[-1]
         self.assertEqual(qat_out.tensor, "probabilities:0")
