@@ -137,6 +137,25 @@ class RecipeModelTest(tf.test.TestCase):
                     qat.quantize_model(self.model, recipe=recipe)
                 self.assertLen(self.model.variables, variables)
 
+    def test_recurrent_layer_ranges_take_its_activation_bits(self):
+        k = tf2_util.keras()
+        inputs = k.Input((8, 8))
+        model = k.Model(inputs, k.layers.Dense(10, name="out")(
+            k.layers.LSTM(16, name="lstm")(inputs)))
+        qm = qat.quantize_model(model, recipe=[{"kind": "recurrent", "activation_bits": 16}])
+        kinds = {layer.info.name.split("/", 1)[1]: layer.info.kind
+                 for layer in qm.layer_precisions}
+        self.assertEqual(kinds["lstm_1/while"], "recurrent")
+        quants = _fake_quants(qm.inference_function())
+        cell = {name: bits for name, (bits, _) in quants.items() if "/while/step_" in name}
+        self.assertNotEmpty(cell)
+        for name, bits in cell.items():  # Gates, cell state, steps' outputs; fixed grids 8-bit.
+            expected = 8 if name.rsplit("/", 1)[-1].startswith(("fixed_quant", "weights_quant",
+                                                               "param_quant")) else 16
+            self.assertEqual(bits, expected, name)
+        self.assertEqual([v for n, v in quants.items() if n.endswith("/out_1/act_quant")],
+                         [(8, False)])
+
     def test_four_bit_embedding_is_refused(self):
         k = tf2_util.keras()
         inputs = k.Input((6,), dtype="int32")

@@ -250,6 +250,7 @@ class Planner(object):
         roundings.Roundings(view, self.layout, book, self.reader, settings).plan(ordered)
         shared_ranges.ConcatGroups(view, book, self.reader, self.steps).share(ordered)
         shared_ranges.share_identical_outputs(view, book, settings.is_training, ordered)
+        self.precisions.mark_recurrent_ranges(book.plans.values())
         return self.replication.share(self, list(book.plans.values()))
 
 

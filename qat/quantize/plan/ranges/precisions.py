@@ -238,6 +238,18 @@ class LayerPrecisions(object):
                 scope = _scope(op) if layer.info.kind != "recurrent" else layer.info.name
                 self._float_scopes.setdefault(scope, layer.precision.keep_float)
 
+    def mark_recurrent_ranges(self, plans) -> None:
+        """A recurrent layer's activation bits for every learnt range inside
+        it (gates, cell state, its steps' outputs), not only its layer ops'
+        outputs. Fixed grids (LOGISTIC, TANH) keep their own."""
+        for layer in self.layers:
+            if layer.info.kind != "recurrent" or layer.precision.keep_float:
+                continue
+            for plan in plans:
+                if (not plan.is_weight and plan.fixed is None and plan.bits is None
+                        and _under(plan.tensor.op.name, layer.info.name)):
+                    plan.bits = layer.precision.activation_bits
+
     def of(self, op: tf.Operation) -> Optional[recipes.Precision]:
         """The precision of the layer `op` (a layer op or a lookup) belongs to."""
         layer = self._of.get(op)
