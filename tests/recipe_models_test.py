@@ -124,6 +124,16 @@ class RecipeModelTest(tf.test.TestCase):
         self.assertEmpty(numerics.unmatched, numerics.format())
         self.assertLessEqual(numerics.worst_own.max_own_steps, 1.0 + 1e-3, numerics.format())
 
+    def test_float_layer_between_integer_layers_is_refused_at_export(self):
+        # pw reads dw's range and conv3 reads pw's output: TF's converter
+        # quantizes pw itself, and the export says so.
+        qm = qat.quantize_model(self.model, per_channel_weights=True,
+                                recipe=[{"layers": "pw", "float": True}])
+        qm(self.x[:32], training=True)
+        with self.assertRaisesRegex(export.FloatOpError,
+                                    r"keeps .*pw_1 float, but TF's converter made it integer"):
+            export.export_model(qm, tempfile.mkdtemp())
+
     def test_bad_recipes_change_nothing(self):
         variables = len(self.model.variables)
         for recipe, message in (
