@@ -17,7 +17,9 @@ The public rewrite API below keeps contrib's names and signatures. The
 errors a rewrite raises for a recurrent loop it cannot unroll
 (`UnrollError`, `UnknownStepsError`) and for a TF 2 model whose later call
 builds layers the first trace did not have (`UnplannedRangeError`) are
-exported here to be caught.
+exported here to be caught. `Recipe` says what each layer gets (float,
+8-bit, 4-bit weights, 16-bit activations; `recipe=` on the rewrites and
+`quantize_model`); a recipe that cannot apply raises `RecipeError`.
 """
 
 __version__ = "0.1.0"
@@ -31,6 +33,8 @@ from qat.api import experimental_create_eval_graph
 from qat.api import experimental_create_training_graph
 from qat.api import fold_batch_norms
 from qat.api import insert_quant_ops
+from qat.engine.recipes import Recipe
+from qat.engine.recipes import RecipeError
 from qat.prepare.loops import UnknownStepsError
 from qat.prepare.loops import UnrollError
 from qat.tf2 import quantize_model
@@ -48,6 +52,8 @@ __all__ = [
     "fold_batch_norms",
     "insert_quant_ops",
     "quantize_model",
+    "Recipe",
+    "RecipeError",
     "UnknownStepsError",
     "UnplannedRangeError",
     "UnrollError",

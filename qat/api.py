@@ -21,6 +21,7 @@ from qat import prepare
 from qat.distribute import DATA_PARALLEL
 from qat.engine import config as config_lib
 from qat.engine import preconditions
+from qat.engine.recipes import RecipeLike
 from qat.fold import fold_batch_norms as fold_lib
 from qat.quantize import plan as plan_lib
 from qat.quantize.plan.replication import Replication
@@ -52,7 +53,9 @@ def rewrite_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
 
     Raises:
       ValueError: optimizer ops in the graph, or an earlier rewrite with
-        other settings; the graph is then unchanged.
+        other settings; the graph is then unchanged. `qat.RecipeError` (a
+        ValueError) for a recipe the graph's layers cannot take, raised
+        after `qat.prepare`'s normalisation and before any other edit.
     """
     # Refuse before the fold pass edits anything.
     preconditions.check_no_optimizer_ops(graph)
@@ -60,6 +63,8 @@ def rewrite_graph(graph: tf.Graph, config: config_lib.RewriteConfig,
     preconditions.check_previous_rewrite(graph, "quantize", emit_lib.quantize_record(config))
     with graph.as_default():
         prepare.prepare_graph(graph)
+        if config.recipe:  # A bad recipe is refused before the fold edits anything.
+            plan_lib.check_recipe(graph, config)
         folded = fold_lib.fold_graph(graph, config)
         planned = plan_lib.plan_quantizers(graph, config, replication)
         return RewriteResult(folded, emit_lib.emit_quantizers(graph, config, planned,
@@ -78,7 +83,7 @@ def _create_graph(input_graph: Optional[tf.Graph], caller: str,
 
 
 def create_training_graph(input_graph: Optional[tf.Graph] = None,
-                          quant_delay: int = 0) -> None:
+                          quant_delay: int = 0, recipe: RecipeLike = None) -> None:
     """Rewrites a training graph for quantization-aware training, in place.
 
     Folds batch norms (batch statistics throughout training) and inserts
@@ -88,17 +93,21 @@ def create_training_graph(input_graph: Optional[tf.Graph] = None,
       input_graph: the graph to rewrite; the default graph when None.
       quant_delay: steps of float training before the FakeQuant outputs are
         used (the ranges learn meanwhile); 0: from the first step.
+      recipe: what each layer gets (docs/choosing_what_to_quantize.md): a
+        `qat.Recipe`, a list of rule dicts, JSON text or a JSON file's path;
+        pass the same one to `create_eval_graph`.
 
     Raises:
       RuntimeError: in eager mode without a graph, or for a finalized graph.
       ValueError: if the graph already has optimizer ops (call this before
-        `minimize()`), or for a bad `quant_delay`.
+        `minimize()`), or for a bad `quant_delay`; `qat.RecipeError` for a
+        recipe the graph's layers cannot take (the graph is unchanged).
     """
     _create_graph(input_graph, "create_training_graph", is_training=True,
-                  quant_delay=quant_delay)
+                  quant_delay=quant_delay, recipe=recipe)
 
 
-def create_eval_graph(input_graph: Optional[tf.Graph] = None) -> None:
+def create_eval_graph(input_graph: Optional[tf.Graph] = None, recipe: RecipeLike = None) -> None:
     """Rewrites an eval graph to match a `create_training_graph` one, in place.
 
     Batch norms are folded with their moving statistics and the FakeQuant ops
@@ -107,12 +116,14 @@ def create_eval_graph(input_graph: Optional[tf.Graph] = None) -> None:
 
     Args:
       input_graph: the graph to rewrite; the default graph when None.
+      recipe: the training graph's recipe (the same ranges are made).
 
     Raises:
       RuntimeError: in eager mode without a graph, or for a finalized graph.
-      ValueError: if the graph has optimizer ops.
+      ValueError: if the graph has optimizer ops; `qat.RecipeError` for a
+        recipe the graph's layers cannot take.
     """
-    _create_graph(input_graph, "create_eval_graph", is_training=False)
+    _create_graph(input_graph, "create_eval_graph", is_training=False, recipe=recipe)
 
 
 def experimental_create_training_graph(input_graph: Optional[tf.Graph] = None,
@@ -123,7 +134,8 @@ def experimental_create_training_graph(input_graph: Optional[tf.Graph] = None,
                                        freeze_bn_delay: Optional[int] = None,
                                        scope: Optional[str] = None,
                                        symmetric_weights: bool = False,
-                                       per_channel_weights: bool = False) -> None:
+                                       per_channel_weights: bool = False,
+                                       recipe: RecipeLike = None) -> None:
     """`create_training_graph` with bit widths, symmetry, delays and scope.
 
     For an int8 TFLite model (`optimizations=[tf.lite.Optimize.DEFAULT]`),
@@ -151,11 +163,15 @@ def experimental_create_training_graph(input_graph: Optional[tf.Graph] = None,
         are per-tensor) and transposed convolutions; activations follow
         `symmetric`. Exports to int8 only (TFLite's uint8 kernels take no
         per-channel weights).
+      recipe: what each layer gets, overriding the options above per layer
+        (docs/choosing_what_to_quantize.md): a `qat.Recipe`, a list of rule
+        dicts, JSON text or a JSON file's path.
 
     Raises:
       RuntimeError: in eager mode without a graph, or for a finalized graph.
       ValueError: for bad bit widths or delays, optimizer ops in the graph,
-        or a graph qat already rewrote with other settings.
+        or a graph qat already rewrote with other settings; `qat.RecipeError`
+        for a bad recipe (the graph is unchanged).
       TypeError: for a scope that is not a string, or a symmetric_weights or
         per_channel_weights that is not a bool.
     """
@@ -164,7 +180,7 @@ def experimental_create_training_graph(input_graph: Optional[tf.Graph] = None,
                   activation_bits=activation_bits, symmetric=symmetric,
                   quant_delay=quant_delay, freeze_bn_delay=freeze_bn_delay,
                   scope=scope, symmetric_weights=symmetric_weights,
-                  per_channel_weights=per_channel_weights)
+                  per_channel_weights=per_channel_weights, recipe=recipe)
 
 
 def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
@@ -174,7 +190,8 @@ def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
                                    quant_delay: Optional[int] = None,
                                    scope: Optional[str] = None,
                                    symmetric_weights: bool = False,
-                                   per_channel_weights: bool = False) -> None:
+                                   per_channel_weights: bool = False,
+                                   recipe: RecipeLike = None) -> None:
     """`create_eval_graph` with bit widths, symmetry and scope.
 
     Use the same `weight_bits`, `activation_bits`, `symmetric`,
@@ -196,11 +213,13 @@ def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
         while activations follow `symmetric`.
       per_channel_weights: TFLite int8's own scheme, as in
         `experimental_create_training_graph`.
+      recipe: the training graph's recipe.
 
     Raises:
       RuntimeError: in eager mode without a graph, or for a finalized graph.
       ValueError: for bad bit widths, optimizer ops in the graph, or a graph
-        qat already rewrote with other settings (e.g. its training rewrite).
+        qat already rewrote with other settings (e.g. its training rewrite);
+        `qat.RecipeError` for a bad recipe (the graph is unchanged).
       TypeError: for a scope that is not a string, or a symmetric_weights or
         per_channel_weights that is not a bool.
     """
@@ -209,7 +228,7 @@ def experimental_create_eval_graph(input_graph: Optional[tf.Graph] = None,
                   activation_bits=activation_bits, symmetric=symmetric,
                   quant_delay=quant_delay, scope=scope,
                   symmetric_weights=symmetric_weights,
-                  per_channel_weights=per_channel_weights)
+                  per_channel_weights=per_channel_weights, recipe=recipe)
 
 
 

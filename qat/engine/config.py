@@ -9,6 +9,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from qat.engine import recipes
+
 # Bit widths TFLite's integer kernels and FakeQuant's integer grid agree on.
 MIN_BITS = 2
 MAX_BITS = 8
@@ -60,11 +62,16 @@ class RewriteConfig:
         None: never.
       scope: only layers whose op names start with it are quantized.
       vars_collection: extra collection for the range variables.
+      recipe: what each layer gets (`qat.engine.recipes`): a `Recipe`, a
+        list of rule dicts, JSON text or a JSON file's path (kept as a
+        `Recipe`); None: every layer as the options above say.
 
     Raises:
       ValueError: for bit widths outside 2..8, negative or non-integer
-        delays, an EMA decay outside [0, 1].
-      TypeError: for flags that are not bools, a scope that is not a string.
+        delays, an EMA decay outside [0, 1]; `RecipeError` (a ValueError)
+        for a bad recipe.
+      TypeError: for flags that are not bools, a scope that is not a string,
+        a recipe of another type.
     """
     is_training: bool = True
     weight_bits: int = 8
@@ -78,8 +85,10 @@ class RewriteConfig:
     freeze_bn_delay: Optional[int] = None
     scope: Optional[str] = None
     vars_collection: Optional[str] = tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES
+    recipe: Optional[recipes.Recipe] = None
 
     def __post_init__(self):
+        object.__setattr__(self, "recipe", recipes.as_recipe(self.recipe) or None)
         for name in ("is_training", "symmetric", "symmetric_weights", "per_channel",
                      "per_channel_weights"):
             _check_bool(getattr(self, name), name)
@@ -107,7 +116,17 @@ class RewriteConfig:
         """One range per output channel for matmul weights too."""
         return self.per_channel
 
+    def base_precision(self) -> recipes.Precision:
+        """What a layer no recipe rule selects gets."""
+        return recipes.Precision(weight_bits=self.weight_bits,
+                                 activation_bits=self.activation_bits)
+
     def describe(self) -> str:
-        """A one-line summary, as recorded in the graph and quoted in errors."""
-        fields = dataclasses.asdict(self)
-        return ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        """A one-line summary, as recorded in the graph and quoted in errors.
+
+        The recipe, when there is one, as its compact JSON (`recipe=[...]`).
+        """
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name != "recipe"}
+        text = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        return text + (f", recipe={self.recipe.describe()}" if self.recipe else "")

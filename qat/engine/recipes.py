@@ -19,7 +19,8 @@ Keys of a rule (all optional; an empty rule selects every layer):
                    layer when it matches a whole '/'-separated part of the
                    layer's name scope (`conv1` selects `model/conv1/Conv2D`'s
                    layer and every layer under `.../conv1/...`; a Keras
-                   layer's scope holds its name).
+                   layer's scope holds its name; a part TF numbered,
+                   `conv1_1`, is matched without its suffix too).
   kind             `conv` (convolutions, transposed ones too), `depthwise`,
                    `dense` (matmuls outside recurrent layers), `recurrent`
                    (every step of a recurrent layer), `embedding` (a table
@@ -27,7 +28,10 @@ Keys of a rule (all optional; an empty rule selects every layer):
   position         `first` (no layer before it on the data path) or `last`
                    (no layer after it).
   weight_bits      4 or 8: the bit widths LiteRT's integer kernels run.
-  per_channel      one weight range per output channel.
+  per_channel      one weight range per output channel of a convolution
+                   (matmul weights stay as the rewrite's `per_channel`
+                   option says: TF's converter refuses per-channel
+                   FULLY_CONNECTED weights read through a transpose).
   activation_bits  8 or 16 (16: LiteRT's 16x8 kernels).
   float            true: the layer and its activation stay float; the model
                    quantizes and dequantizes at its edges.
@@ -47,6 +51,9 @@ WEIGHT_BITS = (4, 8)
 ACTIVATION_BITS = (8, 16)
 FORMAT = "qat.recipe"
 VERSION = 1
+# The graph collection where a rewrite records the name scopes of the layers
+# its recipe keeps float (what `qat.export` holds the converted model to).
+FLOAT_LAYERS_COLLECTION = "qat_float_layers"
 
 # JSON key -> Rule field (`float` is a builtin's name in Python).
 _KEYS = {"layers": "layers", "kind": "kind", "position": "position",
@@ -186,16 +193,26 @@ class Rule:
         return dataclasses.replace(base, keep_float=False, **changes)
 
 
+# The suffix TF adds to a name scope taken already (Keras 3 layers trace as
+# `functional_1/conv1_1`).
+_UNIQUE_SUFFIX = re.compile(r"_[0-9]+$")
+
+
 def name_matches(pattern: str, name: str) -> bool:
     """Whether `pattern` matches a whole '/'-separated part of `name`.
 
     `conv1` matches `model/conv1` and `model/conv1/inner`, not `model/conv10`;
-    `model/conv.*` matches both.
+    `model/conv.*` matches both. The name is matched as it is and with each
+    part's numbered suffix (`_1`, TF's for a scope taken already) removed:
+    `conv1` matches Keras 3's `functional_1/conv1_1`.
     """
-    parts = name.split("/")
     compiled = re.compile(pattern)
-    return any(compiled.fullmatch("/".join(parts[i:j]))
-               for i in range(len(parts)) for j in range(i + 1, len(parts) + 1))
+    raw = name.split("/")
+    for parts in (raw, [_UNIQUE_SUFFIX.sub("", part) or part for part in raw]):
+        if any(compiled.fullmatch("/".join(parts[i:j]))
+               for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)):
+            return True
+    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,6 +323,10 @@ class Recipe:
                 f"recipe {described} selects no layer. The model's layers: {names}{more}. "
                 "Fix the rule's 'layers' expression, 'kind' or 'position', or remove it.")
 
+    def describe_rule(self, index: int) -> str:
+        """`rule 2 {"kind": "dense", "weight_bits": 4}`, as errors quote a rule."""
+        return f"rule {index} {_json(self.rules[index].to_config())}"
+
     def describe(self) -> str:
         """The rules as compact JSON (recorded with a rewrite, quoted in errors)."""
         return json.dumps(self.to_config(), sort_keys=True, separators=(",", ":"))
@@ -314,8 +335,11 @@ class Recipe:
         return bool(self.rules)
 
 
-def as_recipe(value: Union[None, Recipe, Sequence[Dict[str, Any]], str, os.PathLike]
-              ) -> Optional[Recipe]:
+# What the public functions accept as `recipe=`.
+RecipeLike = Union[None, Recipe, Sequence[Dict[str, Any]], str, os.PathLike]
+
+
+def as_recipe(value: RecipeLike) -> Optional[Recipe]:
     """A `Recipe` from what the public functions accept as `recipe=`.
 
     Args:

@@ -10,6 +10,10 @@
   range_sources -> where a FakeQuant's range comes from (ranges equal by
               construction)
   errors   -> the errors the pipeline raises
+  edge_quantizer, edge_quantizer_graphs -> int8 and int16 activations in one
+              LiteRT model by ai-edge-quantizer, fed qat's ranges and bits
+  float_layers -> a mixed model (a recipe's float layers) held to its recipe:
+              float only there; 16-bit activations all or nothing
   pipeline -> export_tflite: all of the above in one call
   saved_model -> the frozen eval graph as a TF 2 SavedModel (serving
               signature), converted with TF 2's from_saved_model
@@ -35,6 +39,8 @@ from qat.export.errors import NonFiniteError
 from qat.export.errors import ParityError
 from qat.export.errors import RangeLostError
 from qat.export.errors import TensorNameError
+from qat.export.float_layers import check_activation_bits
+from qat.export.float_layers import check_float_layers
 from qat.export.freeze import check_finite
 from qat.export.freeze import check_tensor_names
 from qat.export.freeze import checkpoint_prefix
@@ -73,7 +79,7 @@ __all__ = [
     "FloatOp", "FloatOpError", "FrozenFunction", "GraphLoadError", "KernelPreconditionError",
     "ModelReport", "NonFiniteError",
     "LostRange", "ParityError", "ParityReport", "RangeLostError", "SurvivalReport",
-    "TensorNameError", "check_finite", "check_flavour", "check_fully_integer", "check_kernel_preconditions", "check_parity", "check_range_survival", "check_ranges",
+    "TensorNameError", "check_activation_bits", "check_finite", "check_flavour", "check_float_layers", "check_fully_integer", "check_kernel_preconditions", "check_parity", "check_range_survival", "check_ranges",
     "check_runnable", "check_tensor_names", "checkpoint_prefix", "compare_outputs",
     "convert_frozen_graph", "convert_function", "convert_saved_model", "describe_model", "export_model", "export_tflite", "find_float_ops",
     "freeze_function", "freeze_graph_file", "freeze_session", "input_range_from_fake_quant", "is_float_input",

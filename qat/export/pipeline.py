@@ -16,6 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from qat.export import convert, freeze, functions, inspect, kernel_checks, parity, range_survival
+from qat.export import float_layers as float_layers_lib
 from qat.export import saved_model as saved_model_lib
 from qat.export.errors import ExportError
 
@@ -54,7 +55,8 @@ def export_tflite(input_names: Sequence[str],
                   min_top1_agreement: Optional[float] = None,
                   max_diff_steps: Optional[float] = None,
                   converter: str = "session",
-                  allow_lost_ranges: bool = False) -> Dict[str, ExportedModel]:
+                  allow_lost_ranges: bool = False,
+                  float_layers: Sequence[str] = ()) -> Dict[str, ExportedModel]:
     """Exports an eval graph (from create_eval_graph) to integer TFLite models.
 
     Give one of: a live `sess` (its variables hold the trained values), a
@@ -91,6 +93,11 @@ def export_tflite(input_names: Sequence[str],
         another grid there), with a warning naming them. Ranges of ops the
         converter removed whose value keeps the same quantization are
         always only warned about.
+      float_layers: the name scopes of the layers a recipe keeps float;
+        by default, with `sess`, those its rewrite recorded in the graph
+        (`float_layers.float_scopes_of_graph`). With `require_integer`, the model must be integer except these
+        layers and the ops reading their float outputs, and each must be
+        float (`qat.export.float_layers`).
 
     Returns:
       {flavour: ExportedModel}.
@@ -114,6 +121,8 @@ def export_tflite(input_names: Sequence[str],
         raise ExportError("converter='saved_model' (TF 2's converter) makes int8 models only: "
                           "pass flavours=['int8'], or converter='session' for uint8")
     if sess is not None:
+        if not float_layers:  # The recipe's float layers, as the rewrite recorded them.
+            float_layers = float_layers_lib.float_scopes_of_graph(sess.graph)
         freeze.check_tensor_names(sess.graph, input_names, "input")
         frozen = freeze.freeze_session(sess, output_names)
         source = sess.graph.as_graph_def()
@@ -126,6 +135,7 @@ def export_tflite(input_names: Sequence[str],
     freeze.check_tensor_names(frozen, input_names, "input")
     for flavour in flavours:  # uint8 of per-channel weights: refused before any file.
         convert.check_flavour(frozen, flavour)
+    float_layers_lib.check_activation_bits(frozen)  # 16-bit islands: refused before converting.
     # Ranges a kernel would refuse (an old checkpoint): refused before converting.
     kernel_checks.check_kernel_preconditions(frozen, flavours,
                                              label=os.path.join(output_dir, name))
@@ -149,7 +159,7 @@ def export_tflite(input_names: Sequence[str],
         results[flavour] = _checked(
             model, flavour, path, seconds, frozen, source, input_names, output_names,
             require_integer, allow_lost_ranges, parity_inputs, min_top1_agreement,
-            max_diff_steps, saved_model_dir)
+            max_diff_steps, saved_model_dir, float_layers)
     return results
 
 
@@ -161,7 +171,8 @@ def export_model(model,
                  parity_inputs: Optional["parity.Inputs"] = None,
                  min_top1_agreement: Optional[float] = None,
                  max_diff_steps: Optional[float] = None,
-                 allow_lost_ranges: bool = False) -> ExportedModel:
+                 allow_lost_ranges: bool = False,
+                 float_layers: Optional[Sequence[str]] = None) -> ExportedModel:
     """Exports a quantized TF 2 model with TF 2's converter, checked.
 
     The eval rewrite (`model.inference_function()`) is converted by
@@ -182,6 +193,8 @@ def export_model(model,
         allow_lost_ranges: as in `export_tflite`; `parity_inputs` is an array
         for the first input or {input name: array} with the function's input
         names (`FrozenFunction.input_names`, `<argument name>:0`).
+      float_layers: as in `export_tflite`; None: the layers `model`'s recipe
+        keeps float (`model.layer_precisions`).
 
     Returns:
       The `ExportedModel` (flavour "int8").
@@ -190,8 +203,11 @@ def export_model(model,
       ExportError and its subclasses (see qat.export.errors); KernelPreconditionError
       as in `export_tflite`.
     """
+    if float_layers is None:
+        float_layers = float_layers_lib.float_scopes_of(getattr(model, "layer_precisions", ()))
     function = functions.concrete_function_of(model)
     frozen = functions.freeze_function(function)
+    float_layers_lib.check_activation_bits(frozen.graph_def)
     # Ranges a kernel would refuse (an old checkpoint): refused before converting.
     kernel_checks.check_kernel_preconditions(frozen.graph_def, ("int8",),
                                              label=os.path.join(output_dir, name))
@@ -201,7 +217,8 @@ def export_model(model,
     path = convert.write_model(tflite, os.path.join(output_dir, f"{name}_int8.tflite"))
     return _checked(tflite, "int8", path, seconds, frozen.graph_def, frozen.graph_def,
                     frozen.input_names, frozen.output_names, require_integer,
-                    allow_lost_ranges, parity_inputs, min_top1_agreement, max_diff_steps, None)
+                    allow_lost_ranges, parity_inputs, min_top1_agreement, max_diff_steps, None,
+                    float_layers)
 
 
 def _checked(model: bytes, flavour: str, path: str, seconds: float,
@@ -209,9 +226,11 @@ def _checked(model: bytes, flavour: str, path: str, seconds: float,
              input_names: Sequence[str], output_names: Sequence[str],
              require_integer: bool, allow_lost_ranges: bool,
              parity_inputs, min_top1_agreement, max_diff_steps,
-             saved_model_dir: Optional[str]) -> ExportedModel:
+             saved_model_dir: Optional[str], float_layers: Sequence[str] = ()) -> ExportedModel:
     """Checks a converted model against its frozen eval graph (see export_tflite)."""
-    if require_integer:
+    if require_integer and float_layers:
+        report = float_layers_lib.check_float_layers(model, frozen, float_layers, label=path)
+    elif require_integer:
         report = inspect.check_fully_integer(model, frozen, label=path,
                                              source_graph_def=source)
     else:

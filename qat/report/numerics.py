@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from qat.export import convert as convert_lib
 from qat.export import freeze
+from qat.export import inspect
 from qat.export import parity
 from qat.export import range_survival
 from qat.report import model_runs
@@ -76,6 +77,8 @@ class NumericsReport:
     drift_steps: float = DRIFT_STEPS
     # Activation ranges with no TFLite tensor of their scale and zero point.
     lost_ranges: List["range_survival.LostRange"] = dataclasses.field(default_factory=list)
+    # The layers a recipe keeps float: computed in float, not compared as integer.
+    float_layers: List[str] = dataclasses.field(default_factory=list)
 
     @property
     def unmatched(self) -> List[TensorNumerics]:
@@ -113,6 +116,8 @@ class NumericsReport:
                                               if drift else "none"),
             "largest difference of a layer given TFLite's own inputs: " + (
                 f"{own.max_own_steps:.2f} steps ({own.name})" if own else "none matched"),
+            "float layers (the recipe's; float, not compared as integer): "
+            + (", ".join(self.float_layers) or "none"),
             "rows without a TFLite tensor (not compared): " + (
                 ", ".join(r.name for r in self.unmatched) or "none"),
             "ranges lost in conversion (no TFLite tensor of their scale and zero point): "
@@ -175,7 +180,8 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
                    output_names: Sequence[str], samples: "parity.Inputs",
                    flavour: str = "uint8", model: Optional[bytes] = None,
                    input_range=None, batch_size: int = 64,
-                   drift_steps: float = DRIFT_STEPS) -> NumericsReport:
+                   drift_steps: float = DRIFT_STEPS,
+                   float_layers: Sequence[str] = ()) -> NumericsReport:
     """Compares float, QAT and TFLite tensor by tensor on `samples`.
 
     Args:
@@ -190,6 +196,8 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
       input_range: (min, max) of the float inputs no FakeQuant reads.
       batch_size: examples per run.
       drift_steps: how many steps of difference count as a drift.
+      float_layers: the name scopes of the layers a recipe keeps float
+        (no range: no row), named in the report as float.
 
     Returns:
       A NumericsReport.
@@ -217,6 +225,8 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
     for op in structure.topological_order(path, graph):
         if op.type in structure.FAKE_QUANT_TYPES:
             layer = structure.layer_of(op.inputs[0])
+            if layer is not None and any(layer.name.startswith(f + "/") for f in float_layers):
+                layer = None  # A float layer's value, quantized for the next: the range's row.
             label = layer.name if layer is not None else op.name.rsplit("/", 1)[0]
             rows_spec.append((label, op.outputs[0].name, [op.name, op.inputs[0].op.name]))
             row_steps.append(step_of.get(op.inputs[0].op.name))
@@ -242,6 +252,14 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
                or tflite[holders[freeze.op_name(tensor)]]["value"].shape != qat.shape
                else holders[freeze.op_name(tensor)]
                for match, (_, tensor, _), qat in zip(matches, rows_spec, qat_values)]
+    # A range before a float layer: TFLite's DEQUANTIZE output holds its value
+    # in float; its input holds it on the range's own grid.
+    described = inspect.describe_model(model)
+    dequantized = {described.tensors[op.outputs[0]].name: described.tensors[op.inputs[0]].name
+                   for op in described.ops
+                   if op.name == "DEQUANTIZE" and op.outputs[0] not in described.outputs}
+    matches = [dequantized[m] if m in dequantized and not tflite[m]["scale"]
+               and dequantized[m] in tflite else m for m in matches]
     forced = {name: match for name, match, qat in zip(names, matches, qat_values)
               if match is not None and qat.dtype == np.float32}
     forced.update(tflite_names.unquantized_tensors_tflite_rounds(path, graph, forced, tflite))
@@ -265,7 +283,7 @@ def layer_numerics(frozen_graph_def: tf.compat.v1.GraphDef,
             float(np.abs(qat - flt).max() / step) if qat.size else math.nan, own_steps,
             recurrent_step))
     return NumericsReport(flavour, len(next(iter(feeds.values()))), rows, drift_steps,
-                          survival.lost)
+                          survival.lost, list(float_layers))
 
 
 def layer_numerics_from_session(sess: tf.compat.v1.Session,

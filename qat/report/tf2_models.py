@@ -11,6 +11,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from qat.export import float_layers
 from qat.export import functions
 from qat.report import coverage as coverage_lib
 from qat.report import numerics as numerics_lib
@@ -60,6 +61,8 @@ def layer_numerics_of_model(model, samples, tflite: Optional[bytes] = None,
     frozen = functions.freeze_function(function)
     if tflite is None:
         tflite = functions.convert_function(function)
+    kwargs.setdefault("float_layers", float_layers.float_scopes_of(
+        getattr(model, "layer_precisions", ())))
     return numerics_lib.layer_numerics(frozen.graph_def, frozen.input_names,
                                        frozen.output_names, samples, flavour="int8",
                                        model=tflite, **kwargs)

@@ -158,6 +158,15 @@ def _methods(base, saving):
             return self._qat_options.value
 
         @property
+        def layer_precisions(self):
+            """With a recipe: each layer (`qat.quantize.plan.ranges.precisions.Layer`:
+            its name, kind, position) and the precision it got; `describe()` of
+            one reads `functional_1/conv1_1 (conv, first): w8 a8 [rule 2]`.
+            Empty without a recipe."""
+            rewriter = self._qat.value
+            return list(rewriter.layers[False] or rewriter.layers[True])
+
+        @property
         def left_float(self):
             """What the rewrite left float, each a string "<op>: <reason>" (as
             the graph path logs it): batch norms not folded, layers it cannot

@@ -3,6 +3,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from qat.engine import recipes
 from qat.tf2 import calls
 from qat.tf2 import keras_models
 from qat.tf2 import module as module_lib
@@ -20,7 +21,8 @@ def quantize_model(model,
                    freeze_bn_delay: Optional[int] = None,
                    scope: Optional[str] = None,
                    symmetric_weights: bool = True,
-                   per_channel_weights: bool = False):
+                   per_channel_weights: bool = False,
+                   recipe: recipes.RecipeLike = None):
     """Returns `model` with quantization-aware training and eval rewrites.
 
     The model is traced into a `tf.function` and its graph rewritten by the
@@ -69,6 +71,9 @@ def quantize_model(model,
         int8 models.
       per_channel_weights: TFLite int8's own scheme: one symmetric range per
         output channel of convolutions.
+      recipe: what each layer gets, overriding the options above per layer
+        (docs/choosing_what_to_quantize.md): a `qat.Recipe`, a list of rule
+        dicts, JSON text or a JSON file's path. Kept in `.keras` files.
 
     Returns:
       The quantized model `qm`: for a Keras model, a Keras model of the same
@@ -102,14 +107,16 @@ def quantize_model(model,
     Raises:
       ValueError: no input signature where the model states none, a model
         that refuses its signature, reads no variable, or has nothing to
-        quantize; bad bit widths or delays.
+        quantize; bad bit widths or delays; `qat.RecipeError` (a
+        ValueError) for a recipe the model's layers cannot take.
       TypeError: a model that is not callable, a signature entry that is not
         a `tf.TensorSpec`, flags of the wrong type.
     """
     options = options_lib.QuantizeOptions(
         weight_bits=weight_bits, activation_bits=activation_bits, symmetric=symmetric,
         quant_delay=quant_delay, freeze_bn_delay=freeze_bn_delay, scope=scope,
-        symmetric_weights=symmetric_weights, per_channel_weights=per_channel_weights)
+        symmetric_weights=symmetric_weights, per_channel_weights=per_channel_weights,
+        recipe=recipe)
     configs = options.rewrite_configs()
     call = calls.model_call(model, input_signature)
     if calls.is_keras_model(model):

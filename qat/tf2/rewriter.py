@@ -87,6 +87,8 @@ class FunctionRewriter(object):
         # Per mode, of its latest trace: what was left float, and why.
         self.left_float: Dict[bool, List[str]] = {True: [], False: []}
         self.quantizer_names: Dict[bool, List[str]] = {True: [], False: []}
+        # Per mode, of its latest trace: with a recipe, each layer and its precision.
+        self.layers: Dict[bool, list] = {True: [], False: []}
         # Of the latest training trace: the layer ops computing in float16 /
         # bfloat16 (`qat.tf2.precision`), by the names of the float32 ops.
         self.low_precision_layers: List[str] = []
@@ -151,6 +153,7 @@ class FunctionRewriter(object):
             if training and self.precision is not None:
                 self.low_precision_layers = self.precision.lower_layers(graph)
         self.quantizer_names[training] = result.quantize.names
+        self.layers[training] = list(result.quantize.layers)
         if training:
             for q in result.quantize.quantizers:
                 self.range_tensors.setdefault(q.range_name or q.name, q.tensor.name)

@@ -30,6 +30,7 @@ from qat.engine import function_graphs
 from qat.engine import marks
 from qat.engine import placement as placement_lib
 from qat.engine import preconditions
+from qat.engine import recipes
 from qat.engine import rewrite as rewrite_lib
 from qat.engine import step_counter
 from qat.quantize.emit import quantizer_batch
@@ -82,9 +83,12 @@ class QuantizeResult:
     Attributes:
       quantizers: every quantizer built, in planning order.
       left_float: tensors and layers deliberately left float, with reasons.
+      layers: with a recipe, each layer and its precision
+        (`qat.quantize.plan.ranges.precisions.Layer`); empty without one.
     """
     quantizers: List[Quantizer]
     left_float: List[LeftFloat]
+    layers: List = dataclasses.field(default_factory=list)
 
     @property
     def names(self) -> List[str]:
@@ -108,10 +112,12 @@ def _spec(plan: Plan, config: config_lib.RewriteConfig,
         # (in * mult), the last axis of TFLite's layout.
         h, w, cin, mult = t.shape.as_list()
         reshape = [h, w, cin * mult]
+    bits = plan.bits if plan.bits is not None else (  # A recipe's, else the options'.
+        config.weight_bits if plan.is_weight else config.activation_bits)
     return quantizer_batch.QuantizerSpec(
         inputs=t, prefix=plan.prefix, moving_average=not plan.is_weight,
         is_training=config.is_training,
-        num_bits=config.weight_bits if plan.is_weight else config.activation_bits,
+        num_bits=bits,
         narrow_range=plan.is_weight,
         # Narrow and symmetric weights: [-a, a] on [-127, 127], zero point 0
         # in int8, as the int8 TFLite kernels require.
@@ -124,7 +130,7 @@ def _spec(plan: Plan, config: config_lib.RewriteConfig,
         device=placement.compute_device(t, layers if plan.is_weight else ()),
         variable_device=placement.variable_device(t, layers),
         # TFLite fixes 8-bit grids only; at other widths the range is learnt.
-        fixed_range=plan.fixed if config.activation_bits == fixed_ranges.FIXED_BITS else None,
+        fixed_range=plan.fixed if bits == fixed_ranges.FIXED_BITS else None,
         variables_prefix=plan.variables_prefix)
 
 
@@ -244,6 +250,9 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
     if not done:
         rewrite.add_to_collection(preconditions.REWRITES_COLLECTION,
                                   preconditions.record_rewrite("quantize", record))
+        for layer in planned.layers:  # What `qat.export` holds the model to.
+            if layer.precision.keep_float:
+                rewrite.add_to_collection(recipes.FLOAT_LAYERS_COLLECTION, layer.info.name)
     ops = rewrite_lib.apply(rewrite)
     quantizers = []
     for k, (plan, spec) in enumerate(zip(plans, specs)):
@@ -257,7 +266,8 @@ def emit_quantizers(graph: tf.Graph, config: config_lib.RewriteConfig, planned: 
             _warn_unconsumed(plan.tensor, out)
     for item in left_float:
         logging.warning("qat: left float: %s (%s)", item.name, item.reason)
-    return QuantizeResult(quantizers=quantizers, left_float=left_float)
+    return QuantizeResult(quantizers=quantizers, left_float=left_float,
+                          layers=list(planned.layers))
 
 
 def _combine_replicas(graph: tf.Graph, plans: List[Plan], specs, replication) -> None:

@@ -45,7 +45,7 @@ def last_value_quantize(inputs: tf.Tensor,
       is_training: when True the variables are assigned this run's range
         (widened to include 0) and the assigned values feed the FakeQuant;
         when False the FakeQuant reads the variables.
-      num_bits: bit width, 2..8.
+      num_bits: bit width, 2..16 (FakeQuant's range; TFLite's integer kernels run 4, 8 and 16).
       per_channel: one range per index of the last dimension.
       narrow_range: quantize to [1, 2^b - 1] instead of [0, 2^b - 1].
       symmetric: make the range symmetric around 0.
@@ -92,7 +92,7 @@ def moving_avg_quantize(inputs: tf.Tensor,
       prefix: absolute name scope, e.g. `net/conv1/act_quant`.
       is_training: when True the moving averages are updated and their new
         values feed the FakeQuant; when False the FakeQuant reads them.
-      num_bits: bit width, 2..8.
+      num_bits: bit width, 2..16 (FakeQuant's range; TFLite's integer kernels run 4, 8 and 16).
       per_channel: one range per index of the last dimension.
       narrow_range: quantize to [1, 2^b - 1] instead of [0, 2^b - 1].
       symmetric: make the batch range symmetric around 0 before averaging.

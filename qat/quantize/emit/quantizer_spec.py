@@ -16,6 +16,8 @@ FAKE_QUANT_NAME = "FakeQuantWithMinMaxVars"
 FAKE_QUANT_TYPES = tensors.FAKE_QUANT_TYPES
 MIN_NUM_BITS = config_lib.MIN_BITS
 MAX_NUM_BITS = config_lib.MAX_BITS
+# FakeQuant's own limit: a recipe's 16-bit activations (`qat.engine.recipes`).
+FAKE_QUANT_MAX_BITS = 16
 DEFAULT_VARS_COLLECTION = tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES
 # Mixed precision (`qat.matching.tensors`): float16 and bfloat16 tensors are
 # cast to float32 for their FakeQuant and back.
@@ -191,7 +193,7 @@ class QuantizerSpec:
 
     def validate(self) -> None:
         """Raises ValueError for bad settings (before anything is built)."""
-        validate_num_bits(self.num_bits)
+        validate_num_bits(self.num_bits, high=FAKE_QUANT_MAX_BITS)
         if not 0.0 <= float(self.ema_decay) <= 1.0:
             raise ValueError(f"ema_decay must be in [0, 1], got {self.ema_decay!r}.")
         if self.inputs.dtype.base_dtype not in QUANTIZABLE_DTYPES:

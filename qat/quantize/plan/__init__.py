@@ -23,7 +23,8 @@ from qat.quantize.plan.model.graph import is_quantized_output
 from qat.quantize.plan.planner import Plan
 from qat.quantize.plan.planner import PlannedGraph
 from qat.quantize.plan.planner import Planner
+from qat.quantize.plan.planner import check_recipe
 from qat.quantize.plan.planner import plan_quantizers
 
-__all__ = ["Plan", "PlannedGraph", "Planner", "existing_quantizer", "is_quantized_output",
+__all__ = ["Plan", "PlannedGraph", "Planner", "check_recipe", "existing_quantizer", "is_quantized_output",
            "plan_quantizers"]

@@ -32,6 +32,10 @@ beside a quantized one.
 * Nothing outside the model (`qat.quantize.plan.model.boundary`, decided once):
   loss arithmetic gets no range and no warning; arithmetic after the
   model's last range that something else reads is named in `left_float`.
+* A recipe (`qat.quantize.plan.ranges.precisions`): each layer's weight and
+  output bits and per channel; the ops of a layer it keeps float are
+  planned as ops outside `scope` (no range; their integer readers' inputs
+  get `input_quant`).
 * Batch norms after no layer: `qat.quantize.emit.standalone_batch_norm`.
 * A concatenation and its inputs share one range
   (`qat.quantize.plan.ranges.shared_ranges`); average pools and bilinear
@@ -44,11 +48,12 @@ looked through, so training and eval graphs plan the same names. What is left in
 why, is listed in `Planner.left_float`.
 """
 import dataclasses
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
 from qat.engine import marks
+from qat.engine import recipes
 from qat.matching import standalone_batch_norms
 from qat.quantize.plan import replication as replication_lib
 from qat.quantize.plan.kernels import kernel_requirements
@@ -62,6 +67,7 @@ from qat.quantize.plan.ops import patterns as qp
 from qat.quantize.plan.ranges import book as book_lib
 from qat.quantize.plan.ranges import embeddings as plan_embeddings
 from qat.quantize.plan.ranges import fixed_ranges
+from qat.quantize.plan.ranges import precisions as precisions_lib
 from qat.quantize.plan.ranges import reader as reader_lib
 from qat.quantize.plan.ranges import roundings
 from qat.quantize.plan.ranges import rules
@@ -110,16 +116,23 @@ class Planner(object):
 
     def __init__(self, graph, is_training, scope, per_channel,
                  per_channel_matmul=None,
-                 replication: replication_lib.Replication = replication_lib.SINGLE_MODEL):
+                 replication: replication_lib.Replication = replication_lib.SINGLE_MODEL,
+                 recipe: Optional[recipes.Recipe] = None,
+                 base: recipes.Precision = recipes.Precision()):
         self.replication = replication
-        # Matmul weights per channel too (default: as `per_channel`).
-        self.settings = book_lib.PlanSettings(
-            is_training=is_training, scope=scope, per_channel=per_channel,
-            per_channel_matmul=(per_channel if per_channel_matmul is None
-                                else per_channel_matmul))
         self.view = plan_graph.GraphView(graph)
         self.layout = layout_lib.find_layout(self.view)
         self.steps = recurrences.find(self.view)
+        in_scope = lambda op: not scope or op.name.startswith(scope)  # pylint: disable=unnecessary-lambda-assignment
+        # Each layer's precision under the recipe (RecipeError before any plan).
+        # Matmul weights per channel too (default: as `per_channel`).
+        per_channel_matmul = per_channel if per_channel_matmul is None else per_channel_matmul
+        self.precisions = precisions_lib.LayerPrecisions(
+            self.view, self.steps, recipe, base, in_scope, per_channel, per_channel_matmul)
+        self.settings = book_lib.PlanSettings(
+            is_training=is_training, scope=scope, per_channel=per_channel,
+            per_channel_matmul=per_channel_matmul,
+            precisions=self.precisions if recipe else None)
         self.book = book_lib.PlanBook()
         self.reader = reader_lib.RangeReader(self.view, self.layout, self.book, self.steps)
         self.rules = rules.RangeRules(self.view, self.layout, self.book, self.reader,
@@ -237,6 +250,7 @@ class Planner(object):
         roundings.Roundings(view, self.layout, book, self.reader, settings).plan(ordered)
         shared_ranges.ConcatGroups(view, book, self.reader, self.steps).share(ordered)
         shared_ranges.share_identical_outputs(view, book, settings.is_training, ordered)
+        self.precisions.mark_recurrent_ranges(book.plans.values())
         return self.replication.share(self, list(book.plans.values()))
 
 
@@ -250,10 +264,28 @@ class PlannedGraph:
         planner's, then the layers inside functional control flow.
       standalone_bns: batch norms after no layer (eval graphs give them a
         depthwise form, `qat.quantize.emit.standalone_batch_norm`).
+      layers: with a recipe, each layer and the precision it resolved to.
     """
     plans: List[Plan]
     left_float: List[Tuple[str, str]]
     standalone_bns: List[tf.Operation]
+    layers: List[precisions_lib.Layer] = dataclasses.field(default_factory=list)
+
+
+def check_recipe(graph: tf.Graph, config) -> None:
+    """Raises RecipeError when `config.recipe` cannot apply to `graph`'s layers.
+
+    Reads the graph only: the rewrite calls it before the fold, so a bad
+    recipe changes nothing (the planner resolves it again after the fold,
+    on the same layers).
+    """
+    view = plan_graph.GraphView(graph)
+    scope = config.scope
+    precisions_lib.LayerPrecisions(view, recurrences.find(view), config.recipe,
+                                   config.base_precision(),
+                                   lambda op: not scope or op.name.startswith(scope),
+                                   config.conv_weights_per_channel(),
+                                   config.matmul_weights_per_channel())
 
 
 def plan_quantizers(graph: tf.Graph, config,
@@ -269,7 +301,8 @@ def plan_quantizers(graph: tf.Graph, config,
     planner = Planner(graph, config.is_training, config.scope,
                       config.conv_weights_per_channel(),
                       per_channel_matmul=config.matmul_weights_per_channel(),
-                      replication=replication)
+                      replication=replication, recipe=config.recipe,
+                      base=config.base_precision())
     plans = planner.run()
     kernel_requirements.attach(planner, plans)
     left_float = list(planner.left_float)
@@ -279,4 +312,5 @@ def plan_quantizers(graph: tf.Graph, config,
                    for layer in control_flow.find_function_layers(graph)
                    if not config.scope or layer.call_op.startswith(config.scope)]
     return PlannedGraph(plans=plans, left_float=left_float,
-                        standalone_bns=list(planner.book.standalone_bns))
+                        standalone_bns=list(planner.book.standalone_bns),
+                        layers=list(planner.precisions.layers))

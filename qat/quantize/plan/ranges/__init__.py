@@ -16,6 +16,8 @@
                    range
   shared_ranges -> one range for a concatenation's group, a recurrence's
                    steps, identical ops
+  precisions    -> `LayerPrecisions`: each layer's precision under a recipe
+                   (its bits, per channel, float)
 
 Reads the model (`qat.quantize.plan.model`) and the ops
 (`qat.quantize.plan.ops`); the planner (`qat.quantize.plan.planner`) drives it.

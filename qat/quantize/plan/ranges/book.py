@@ -67,6 +67,9 @@ class Plan:
     # The name scope of its variables when not `prefix`: a recurrence's range
     # is named after its first step (`qat.quantize.plan.model.recurrences`).
     variables_prefix: Optional[str] = None
+    # Its bit width when a recipe decides it (`qat.quantize.plan.ranges.precisions`);
+    # None: the rewrite's weight_bits / activation_bits.
+    bits: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,15 +81,26 @@ class PlanSettings:
       scope: only ops whose names start with it are planned (None or "": all).
       per_channel: conv weights per output channel.
       per_channel_matmul: matmul weights per output channel.
+      precisions: each layer's precision under a recipe
+        (`qat.quantize.plan.ranges.precisions.LayerPrecisions`), or None.
     """
     is_training: bool
     scope: Optional[str]
     per_channel: bool
     per_channel_matmul: bool
+    precisions: Optional[object] = None
 
     def in_scope(self, op: tf.Operation) -> bool:
-        """Whether `op` is planned (its name starts with `scope`)."""
-        return not self.scope or op.name.startswith(self.scope)
+        """Whether `op` is planned: its name starts with `scope`, and it is
+        in no layer a recipe keeps float."""
+        return ((not self.scope or op.name.startswith(self.scope))
+                and (self.precisions is None or not self.precisions.is_float_op(op)))
+
+    def outside_reason(self, op: tf.Operation) -> str:
+        """Why `op` is not planned (`in_scope` is False)."""
+        if self.scope and not op.name.startswith(self.scope):
+            return "outside scope %r" % self.scope
+        return self.precisions.float_reason(op)
 
 
 class PlanBook(object):

@@ -36,7 +36,7 @@ def plan_embeddings(view: plan_graph.GraphView, book: book_lib.PlanBook,
     order = lambda entry: entry[0]._id  # pylint: disable=protected-access,unnecessary-lambda-assignment
     for op, table in sorted(view.entries.items(), key=order):
         if not settings.in_scope(op):
-            book.leave(op.name, "outside scope %r" % settings.scope)
+            book.leave(op.name, settings.outside_reason(op))
             continue
         if table is None:
             if op not in view.model:
@@ -54,5 +54,8 @@ def plan_embeddings(view: plan_graph.GraphView, book: book_lib.PlanBook,
             elif op not in plan.consumers:
                 plan.consumers.append(op)
             continue
-        book.plan(table, lookups.table_name(table), "weights_quant", -6.0,
-                  view.consumers(table), is_weight=True)
+        if book.plan(table, lookups.table_name(table), "weights_quant", -6.0,
+                     view.consumers(table), is_weight=True) and settings.precisions is not None:
+            precision = settings.precisions.of(op)
+            if precision is not None:
+                book.plans[table].bits = precision.weight_bits

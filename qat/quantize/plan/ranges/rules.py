@@ -17,7 +17,7 @@
 `weights`, `embeddings`, `fixed_ranges`, `roundings` and `shared_ranges`
 hold the rest.
 """
-from typing import List
+from typing import List, Optional
 
 import tensorflow as tf
 
@@ -92,8 +92,10 @@ class RangeRules(object):
 
     def plan_output(self, out: tf.Tensor, ctx: str, kind: str,
                     init_min: float, exclude=(),
-                    allow_unused: bool = True, fusable: bool = True) -> None:
+                    allow_unused: bool = True, fusable: bool = True) -> Optional[book_lib.Plan]:
         """A range on `out`, or after the activation that is its sole reader.
+
+        Returns the plan of that range (None: none, or one built earlier).
 
         Several identical activations reading `out` (NASNet-A's cell
         operations each start with a ReLU of one tensor) are one for the
@@ -115,10 +117,11 @@ class RangeRules(object):
                 self.book.plan(other.outputs[0], plan_graph.own_context(other), "act_quant",
                                0.0, self.view.consumers(other.outputs[0]), allow_unused=True,
                                shares=owner)
-            return
+            return owner
         consumers = self.view.consumers(out, exclude)
         self.book.plan(out, ctx, kind, init_min, consumers,
                        allow_unused=allow_unused)
+        return self.book.plans.get(out)
 
     def _residual_adds(self, t: tf.Tensor, exclude) -> List[tf.Operation]:
         readers = self.reader.final_readers(t, exclude)
@@ -132,7 +135,7 @@ class RangeRules(object):
 
     def visit_layer(self, layer: tf.Operation) -> None:
         if not self.settings.in_scope(layer):
-            self.book.leave(layer.name, "outside scope %r" % self.settings.scope)
+            self.book.leave(layer.name, self.settings.outside_reason(layer))
             return
         self.require(qp.data_input(layer))
         tail, out = self.layout.tails[layer], self.layout.outputs[layer]
@@ -157,8 +160,11 @@ class RangeRules(object):
                    and not any(op.type == "BatchToSpaceND" for op in tail))
         if fusable:
             out = self.fold_constant_adds(out, exclude)
-        self.plan_output(out, ctx, kind, -6.0, exclude=exclude,
-                         fusable=fusable)
+        planned = self.plan_output(out, ctx, kind, -6.0, exclude=exclude, fusable=fusable)
+        precisions = self.settings.precisions
+        precision = precisions.of(layer) if precisions is not None else None
+        if planned is not None and precision is not None:
+            planned.bits = precision.activation_bits  # The recipe's, for its output.
 
     def _add_kind(self, op: tf.Operation) -> str:
         if op.type in qp.RESIDUAL_ADD_TYPES and len(op.inputs) == 2:

@@ -58,12 +58,22 @@ class WeightRules(object):
         sharing = self._weight_readers(w)
         # Per channel means along the output channels, the last axis of the
         # weights (depthwise: reshaped in _spec); not for transposed layouts.
-        per_channel = (self.settings.per_channel and w.shape.rank in (2, 4)
+        # A recipe's per_channel (resolved for the layer's kind,
+        # `precisions.LayerPrecisions`), else the options'.
+        precisions = self.settings.precisions
+        precision = precisions.of(layer) if precisions is not None else None
+        if precision is not None:
+            wanted = precision.per_channel
+        elif layer.type == "MatMul":
+            wanted = self.settings.per_channel_matmul
+        else:
+            wanted = self.settings.per_channel
+        per_channel = (wanted and w.shape.rank in (2, 4)
                        and layer.type not in qp.TRANSPOSED_CONV_TYPES
-                       and not (layer.type == "MatMul"
-                                and (layer.get_attr("transpose_b")
-                                     or not self.settings.per_channel_matmul)))
+                       and not (layer.type == "MatMul" and layer.get_attr("transpose_b")))
         if self.book.plan(w, plan_graph.context(layer), "weights_quant", -6.0, sharing,
                           is_weight=True, per_channel=per_channel):
-            self.book.plans[w].depthwise = layer.type == "DepthwiseConv2dNative"
-            self.book.weight_plans[key] = self.book.plans[w]
+            plan = self.book.plans[w]
+            plan.depthwise = layer.type == "DepthwiseConv2dNative"
+            plan.bits = precision.weight_bits if precision is not None else None
+            self.book.weight_plans[key] = plan
