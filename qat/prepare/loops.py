@@ -34,8 +34,10 @@ from tensorflow.core.framework import attr_value_pb2
 
 from qat.engine import function_graphs
 from qat.engine import marks
+from qat.engine import op_index
 from qat.engine import rewrite as rewrite_lib
 from qat.matching import frames
+from qat.matching import layer_calls
 from qat.matching import loops
 from qat.prepare import tensor_lists
 from qat.prepare.tensor_lists import Ref, Static, TensorList
@@ -70,8 +72,8 @@ def recurrent_loops(graph: tf.Graph, library=None) -> List[loops.Loop]:
     """The loops of `graph` whose body computes a layer, not unrolled yet:
     While ops, and TF1 loops (`qat.matching.frames`)."""
     library = loops.library_of(graph) if library is None else library
-    return [loops.loop_of(op, library) for op in graph.get_operations()
-            if op.type in loops.LOOP_TYPES and not marks.is_replaced(op)
+    return [loops.loop_of(op, library) for op in op_index.ops_of_types(graph, loops.LOOP_TYPES)
+            if not marks.is_replaced(op)
             and loops.body_layers(op, library)] + frames.frame_loops(graph)
 
 
@@ -124,8 +126,8 @@ def _inline_loop_calls(graph: tf.Graph, library) -> int:
     """Puts the body of each function call that runs a recurrent loop in the
     graph (tf_keras's `LSTM` / `GRU` in a tf.function call `standard_lstm`),
     so its loop can be unrolled; the call is left unconnected and marked."""
-    calls = [op for op in graph.get_operations()
-             if not marks.is_replaced(op) and loops.calls_recurrent_loop(op, library)]
+    calls = [op for op in op_index.ops_of_types(graph, layer_calls.LAYER_CALL_TYPES)
+             if loops.calls_recurrent_loop(op, library) and not marks.is_replaced(op)]
     if not calls:
         return 0
     rewrite = rewrite_lib.Rewrite(graph, marks.LOOP)
