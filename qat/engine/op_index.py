@@ -14,7 +14,6 @@ then decide from it, and a graph without the structure costs nothing.
 Only the type is indexed: it never changes. Whatever can change (an op's
 inputs, the `_qat_replaced_by` mark) is still read from the op.
 """
-import weakref
 from typing import Dict, FrozenSet, Iterable, List
 
 import tensorflow as tf
@@ -40,13 +39,17 @@ class _Index(object):
         return self
 
 
-_INDEXES: "weakref.WeakKeyDictionary[tf.Graph, _Index]" = weakref.WeakKeyDictionary()
+# The graph's attribute holding its index. Not a table keyed by graph: the
+# index holds the graph's ops, which hold the graph, so a table would keep
+# every graph it saw alive; an attribute of the graph goes with it.
+_ATTRIBUTE = "_qat_op_index"
 
 
 def _index(graph: tf.Graph) -> _Index:
-    index = _INDEXES.get(graph)
+    index = getattr(graph, _ATTRIBUTE, None)
     if index is None:
-        index = _INDEXES[graph] = _Index()
+        index = _Index()
+        setattr(graph, _ATTRIBUTE, index)
     return index.update(graph)
 
 

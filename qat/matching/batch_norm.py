@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
+from qat.engine import op_index
 from qat.matching import layer_patterns
 from qat.matching.matcher import GraphMatcher
 
@@ -277,8 +278,7 @@ def _describe_unfused(match) -> BatchNorm:
 
 def _function_batch_norms(graph: tf.Graph) -> List[Tuple[str, str]]:
     """(name, reason) for batch norms inside functional control flow."""
-    flow_ops = [op for op in graph.get_operations()
-                if op.type in _FUNCTIONAL_CONTROL_FLOW]
+    flow_ops = op_index.ops_of_types(graph, _FUNCTIONAL_CONTROL_FLOW)
     if not flow_ops:
         return []
     library = {f.signature.name: f for f in graph.as_graph_def().library.function}
@@ -349,6 +349,6 @@ def find_batch_norms(graph: tf.Graph) -> Tuple[List[BatchNorm], List[Tuple[str, 
     for match in GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM).match_graph(graph):
         bn = _describe_unfused(match)
         found[bn.op] = bn
-    order = {op: i for i, op in enumerate(graph.get_operations())}
-    batch_norms = sorted(found.values(), key=lambda b: order[b.op])
+    # Graph order: the order ops were made in.
+    batch_norms = sorted(found.values(), key=lambda b: b.op._id)  # pylint: disable=protected-access
     return batch_norms, _function_batch_norms(graph)
