@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from qat.engine import marks
+from qat.engine import op_index
 from qat.engine import placement
 from qat.matching.tensors import FAKE_QUANT_TYPES
 from qat.quantize.emit import finite_ranges
@@ -52,8 +53,8 @@ def earlier_ranges(graph: tf.Graph) -> Dict[str, Tuple[tf.Tensor, ...]]:
         if None not in snapshots:
             reads = tuple(s.outputs[0] for s in snapshots)
             found[prefix] = reads[:2] * 2 + reads[2:]
-    for op in graph.get_operations():
-        if op.type not in FAKE_QUANT_TYPES or not marks.made_by_qat(op):
+    for op in op_index.ops_of_types(graph, FAKE_QUANT_TYPES):
+        if not marks.made_by_qat(op):
             continue
         variable = placement.variable_op(op.inputs[1], max_ops=8)
         if variable is None or not variable.name.endswith("/min"):
@@ -83,8 +84,8 @@ def _snapshot_read(graph: tf.Graph, variable: str) -> Optional[tf.Operation]:
 def statistics_joins(graph: tf.Graph) -> Dict[str, tf.Operation]:
     """{range prefix: the join combining its statistics} of an earlier call."""
     found = {}
-    for op in graph.get_operations():
-        if op.type == "Identity" and marks.made_by_qat(op, marks.RANGE_STATISTICS):
+    for op in op_index.ops_of_types(graph, ("Identity",)):
+        if marks.made_by_qat(op, marks.RANGE_STATISTICS):
             for name in op.get_attr(statistics_packs.RANGES_ATTR):
                 found[name.decode()] = op
     return found

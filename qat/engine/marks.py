@@ -12,6 +12,9 @@ from typing import Optional
 import weakref
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.client import pywrap_tf_session as c_api
+from tensorflow.python.framework import c_api_util
 
 ATTR = "_qat"
 
@@ -54,17 +57,44 @@ _ROLES: "weakref.WeakKeyDictionary[tf.Operation, Optional[str]]" = (
     weakref.WeakKeyDictionary())
 
 
+# Ops whose NodeDef can hold a large tensor: their attribute is asked for.
+_LARGE_NODE_DEF_TYPES = frozenset(["Const", "HostConst"])
+
+
+def _attr_value(op: tf.Operation, name: str) -> Optional[attr_value_pb2.AttrValue]:
+    """`op`'s attribute `name`, or None when it has none.
+
+    Most ops have no mark, and `get_attr` answers a missing attribute with an
+    error raised and caught (about 70 us); reading the op's NodeDef costs
+    about 10 us, except where it holds a constant's tensor.
+    """
+    if op.type in _LARGE_NODE_DEF_TYPES:
+        try:
+            with c_api_util.tf_buffer() as buf:
+                c_api.TF_OperationGetAttrValueProto(op._c_op, name, buf)  # pylint: disable=protected-access
+                data = c_api.TF_GetBuffer(buf)
+        except tf.errors.InvalidArgumentError:
+            return None
+        value = attr_value_pb2.AttrValue()
+        value.ParseFromString(data)
+        return value
+    attrs = op.node_def.attr
+    return attrs[name] if name in attrs else None
+
+
 def role(op: tf.Operation) -> Optional[str]:
     """The role qat marked `op` with, or None for an op qat did not create."""
     try:
         return _ROLES[op]
     except KeyError:
         pass
-    try:
-        value = op.get_attr(ATTR)
-        value = value.decode() if isinstance(value, bytes) else value
-    except ValueError:
+    found = _attr_value(op, ATTR)
+    if found is None:
         value = None
+    elif found.WhichOneof("value") == "s":
+        value = found.s.decode()
+    else:  # Not a mark qat writes: as `get_attr` reads it.
+        value = op.get_attr(ATTR)
     _ROLES[op] = value
     return value
 
@@ -110,10 +140,33 @@ def quantizer_of(t: tf.Tensor) -> Optional[tf.Tensor]:
 _MAX_QUANTIZER_DEPTH = 12
 
 
+# op -> whether it carries `REPLACED_BY_ATTR`. Asking TensorFlow for an
+# attribute an op lacks raises and catches an error (tens of microseconds),
+# and most ops lack this one; qat sets it only through a Rewrite, which tells
+# `attribute_set`, so the answer is read from the op once.
+_REPLACED: "weakref.WeakKeyDictionary[tf.Operation, bool]" = weakref.WeakKeyDictionary()
+
+
 def is_replaced(op: tf.Operation) -> bool:
     """Whether a rewrite replaced the user op `op` (`REPLACED_BY_ATTR`)."""
     try:
-        op.get_attr(REPLACED_BY_ATTR)
-        return True
-    except ValueError:
-        return False
+        return _REPLACED[op]
+    except KeyError:
+        pass
+    value = _attr_value(op, REPLACED_BY_ATTR) is not None
+    _REPLACED[op] = value
+    return value
+
+
+def attribute_set(op: tf.Operation, name: str) -> None:
+    """Records that the internal attribute `name` was just set on `op`.
+
+    `qat.engine.rewrite` calls it for each attribute it sets, so that
+    `is_replaced` sees a mark set after it first looked at the op.
+
+    Args:
+      op: the op whose attribute was set.
+      name: the attribute's name.
+    """
+    if name == REPLACED_BY_ATTR:
+        _REPLACED[op] = True

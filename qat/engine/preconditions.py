@@ -9,6 +9,8 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
+from qat.engine import op_index
+
 # Collection of the strings recording each pass already applied to a graph.
 REWRITES_COLLECTION = "qat_rewrites"
 
@@ -56,7 +58,10 @@ def resolve_graph(input_graph: Optional[tf.Graph], caller: str) -> tf.Graph:
 
 def is_optimizer_op(op: tf.Operation) -> bool:
     """True for optimizer update ops (Apply*, ResourceApply*, SparseApply*)."""
-    t = op.type
+    return _is_optimizer_type(op.type)
+
+
+def _is_optimizer_type(t: str) -> bool:
     return (t.startswith("Apply") or t.startswith("ResourceApply")
             or t.startswith("SparseApply") or t.startswith("ResourceSparseApply"))
 
@@ -67,9 +72,11 @@ def check_no_optimizer_ops(graph: tf.Graph) -> None:
     Raises:
       ValueError: naming the first optimizer op found.
     """
-    for op in graph.get_operations():
-        if is_optimizer_op(op):
-            raise ValueError(
+    # The graph's op types, from its index: most graphs have no optimizer op.
+    found = op_index.ops_of_types(
+        graph, [t for t in op_index.op_types(graph) if _is_optimizer_type(t)])
+    for op in found[:1]:
+        raise ValueError(
                 f"The graph already has optimizer update ops (e.g. '{op.name}', "
                 f"{op.type}): the quantization rewrite must come before "
                 "`optimizer.minimize()` / `apply_gradients()`. Build the model, "

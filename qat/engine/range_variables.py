@@ -41,6 +41,7 @@ from tensorflow.core.framework import variable_pb2
 
 from qat.engine import function_graphs
 from qat.engine import marks
+from qat.engine import op_index
 
 REF = "ref"
 RESOURCE = "resource"
@@ -66,7 +67,7 @@ def variable_kind(graph: tf.Graph) -> str:
     if function_graphs.is_function_graph(graph):
         return CAPTURED
     has_ref = False
-    for op in graph.get_operations():
+    for op in op_index.ops_of_types(graph, RESOURCE_VARIABLE_TYPES | REF_VARIABLE_TYPES):
         if op.type in RESOURCE_VARIABLE_TYPES and not marks.made_by_qat(op):
             return RESOURCE
         if op.type in REF_VARIABLE_TYPES and not marks.made_by_qat(op):

@@ -38,6 +38,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import variable_pb2
 
+from qat.engine import marks
 from qat.engine import node_attrs
 from qat.engine import node_batch
 from qat.engine import range_variables
@@ -212,6 +213,7 @@ def _apply_checked(rewrite: Rewrite) -> Dict[str, tf.Operation]:
         op._add_control_inputs([ops[n] for n in names])  # pylint: disable=protected-access
     for op, name, value in rewrite._attrs:  # pylint: disable=protected-access
         op._set_attr(name, value)  # pylint: disable=protected-access
+        marks.attribute_set(op, name)
     with graph.control_dependencies(None):
         for variable_def, collections in rewrite._variables:  # pylint: disable=protected-access
             variable = range_variables.wrap(variable_def)

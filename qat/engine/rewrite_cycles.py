@@ -16,6 +16,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 import tensorflow as tf
 from tensorflow.core.framework import node_def_pb2
 
+from qat.engine import op_index
+
 # An op of the graph, or a node of the rewrite's batch by name.
 Node = Union[tf.Operation, str]
 
@@ -38,10 +40,18 @@ class _RewrittenGraph(object):
         stand_ins = {_name(ref): t.op for ref, t in externals.items()}
         self.batch = [node.name for node in nodes]
         self.out: Dict[Node, List[Node]] = {name: [] for name in self.batch}
-        for node in nodes:
+        out = self.out
+        names: Dict[str, Node] = {}  # input reference -> the node it names
+        for node, name in zip(nodes, self.batch):
             for ref in node.input:
-                source = stand_ins.get(_name(ref), _name(ref))
-                self.out.setdefault(source, []).append(node.name)
+                source = names.get(ref)
+                if source is None:
+                    base = _name(ref)
+                    source = names[ref] = stand_ins.get(base, base)
+                if source in out:
+                    out[source].append(name)
+                else:
+                    out[source] = [name]
         moved: Set[Tuple[tf.Operation, int]] = set()
         for consumer, index, _, new in reroutes:
             moved.add((consumer, index))
@@ -52,23 +62,37 @@ class _RewrittenGraph(object):
                 self.out.setdefault(name, []).append(op)
         # Data edges the reroutes take away: every input of the consumer that
         # read the old op's outputs now reads a new tensor.
-        self.removed: Set[Tuple[tf.Operation, tf.Operation]] = set()
+        # {old op: the consumers whose edges from it go}.
+        self.removed: Dict[tf.Operation, Set[tf.Operation]] = {}
         for consumer, _, old, _ in reroutes:
             if all((consumer, i) in moved for i, t in enumerate(consumer.inputs)
                    if t.op is old.op):
-                self.removed.add((old.op, consumer))
+                self.removed.setdefault(old.op, set()).add(consumer)
         self.targets = [r[0] for r in reroutes] + [op for op, _ in control]
+        # Loop back edges from the graph's index of op types, not from the
+        # type of each op walked (a call into TensorFlow each).
+        ops = [t.op for t in externals.values()] + self.targets
+        graph = ops[0].graph if ops else None
+        self._loops_back: Set[tf.Operation] = (
+            set(op_index.ops_of_types(graph, _NEXT_ITERATION)) if graph is not None else set())
+        self._merges: Set[tf.Operation] = (
+            set(op_index.ops_of_types(graph, _MERGE)) if self._loops_back else set())
 
     def successors(self, node: Node) -> Iterable[Node]:
         if isinstance(node, str):
             return self.out[node]
         found = list(self.out.get(node, ()))
-        loops_back = node.type in _NEXT_ITERATION
-        for t in node.outputs:
-            for consumer in t.consumers():
-                if (node, consumer) not in self.removed and not (
-                        loops_back and consumer.type in _MERGE):
-                    found.append(consumer)
+        removed = self.removed.get(node)
+        if removed is None and node not in self._loops_back:
+            for t in node.outputs:
+                found.extend(t.consumers())
+        else:
+            removed = removed or ()
+            merges = self._merges if node in self._loops_back else ()
+            for t in node.outputs:
+                for consumer in t.consumers():
+                    if consumer not in removed and consumer not in merges:
+                        found.append(consumer)
         found.extend(node._control_outputs)  # pylint: disable=protected-access
         return found
 

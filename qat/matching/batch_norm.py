@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import tensorflow as tf
 
 from qat.engine import function_library
+from qat.engine import op_index
 from qat.matching import layer_patterns
 from qat.matching.matcher import GraphMatcher
 
@@ -275,8 +276,7 @@ def _describe_unfused(match) -> BatchNorm:
 
 def _function_batch_norms(graph: tf.Graph) -> List[Tuple[str, str]]:
     """(name, reason) for batch norms inside functional control flow."""
-    flow_ops = [op for op in graph.get_operations()
-                if op.type in function_library.CALL_TYPES]
+    flow_ops = op_index.ops_of_types(graph, function_library.CALL_TYPES)
     if not flow_ops:
         return []
     library = function_library.library_of(graph)
@@ -341,6 +341,6 @@ def find_batch_norms(graph: tf.Graph) -> Tuple[List[BatchNorm], List[Tuple[str, 
     for match in GraphMatcher(layer_patterns.UNFUSED_BATCH_NORM).match_graph(graph):
         bn = _describe_unfused(match)
         found[bn.op] = bn
-    order = {op: i for i, op in enumerate(graph.get_operations())}
-    batch_norms = sorted(found.values(), key=lambda b: order[b.op])
+    # Graph order: the order ops were made in.
+    batch_norms = sorted(found.values(), key=lambda b: b.op._id)  # pylint: disable=protected-access
     return batch_norms, _function_batch_norms(graph)

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from qat.engine import marks
 from qat.engine import node_attrs
+from qat.engine import op_index
 from qat.matching import loops
 
 # The ops that make a frame, not computations of the body.
@@ -52,8 +53,8 @@ def frame_loops(graph: tf.Graph) -> List[loops.Loop]:
     """The outermost TF1 loops of `graph` whose body computes a layer, not
     unrolled yet (see the module docstring)."""
     frames: Dict[bytes, List[tf.Operation]] = {}
-    for op in graph.get_operations():
-        if op.type == "Enter" and not marks.is_replaced(op):
+    for op in op_index.ops_of_types(graph, ("Enter",)):
+        if not marks.is_replaced(op):
             frames.setdefault(_frame_name(op), []).append(op)
     members = {name: _frame_ops(enters) for name, enters in frames.items()}
     found = []

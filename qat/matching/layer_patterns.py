@@ -57,6 +57,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from qat.engine import marks
+from qat.engine import op_index
 from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
 
 # The ops whose weights are folded and quantized.
@@ -250,7 +251,7 @@ def layer_ops(graph: tf.Graph) -> List[tf.Operation]:
       The layer ops in creation order.
     """
     wanted = frozenset(LAYER_TYPES)
-    return [op for op in graph.get_operations()
+    return [op for op in op_index.ops_of_types(graph, wanted.union(WEIGHTED_OPERAND_TYPES))
             if (op.type in wanted or is_weighted_einsum(op)) and not marks.is_replaced(op)]
 
 

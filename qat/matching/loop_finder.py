@@ -12,6 +12,7 @@ from tensorflow.core.framework import function_pb2
 
 from qat.engine import function_library
 from qat.engine import marks
+from qat.engine import op_index
 from qat.matching import frames
 from qat.matching import loops
 
@@ -31,6 +32,7 @@ def recurrent_loops(graph: tf.Graph,
       (`qat.matching.frames.frame_loops`).
     """
     library = function_library.library_of(graph) if library is None else library
-    return [loops.loop_of(op, library) for op in graph.get_operations()
-            if op.type in function_library.LOOP_TYPES and not marks.is_replaced(op)
+    return [loops.loop_of(op, library)
+            for op in op_index.ops_of_types(graph, function_library.LOOP_TYPES)
+            if not marks.is_replaced(op)
             and loops.body_layers(op, library)] + frames.frame_loops(graph)

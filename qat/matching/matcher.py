@@ -32,6 +32,8 @@ from typing import (Dict, Iterable, Iterator, List, Optional, Sequence, Tuple,
 
 import tensorflow as tf
 
+from qat.engine import op_index
+
 _ANY = "*"
 
 
@@ -250,10 +252,8 @@ class GraphMatcher(object):
         Only ops whose type can anchor the root pattern are tried.
         """
         types = self._pattern.anchor_types()
-        ops = graph.get_operations()
-        if types is not None:
-            wanted = frozenset(types)
-            ops = [op for op in ops if op.type in wanted]
+        ops = (graph.get_operations() if types is None
+               else op_index.ops_of_types(graph, types))
         return self.match_ops(ops)
 
 

@@ -91,24 +91,25 @@ class ValueNumbers(object):
             if top in self._numbers:
                 stack.pop()
                 continue
-            leaf = self._leaf_key(top)
+            top_type = top.type  # Read once: each read is a call into TensorFlow.
+            leaf = self._leaf_key(top, top_type)
             if leaf is None:
                 missing = [i.op for i in top.inputs if i.op not in self._numbers]
                 if missing:
                     stack.extend(missing)
                     continue
-                leaf = (top.type, _attrs_key(top),
+                leaf = (top_type, _attrs_key(top),
                         tuple((self._numbers[i.op], i.value_index) for i in top.inputs))
             self._numbers[top] = self._keys.setdefault(leaf, len(self._keys))
             stack.pop()
         return self._numbers[op]
 
-    def _leaf_key(self, op: tf.Operation):
-        if op.type == "Const":
+    def _leaf_key(self, op: tf.Operation, op_type: str):
+        if op_type == "Const":
             return ("Const", _attrs_key(op))
-        if op.type == "ReadVariableOp" or not op.inputs:
+        if op_type == "ReadVariableOp" or not op.inputs:
             # A read: of its variable's value; an op without inputs: its own.
-            return None if op.type == "ReadVariableOp" else ("op", id(op))
+            return None if op_type == "ReadVariableOp" else ("op", id(op))
         try:
             stateful = op.op_def.is_stateful
         except (AttributeError, ValueError):

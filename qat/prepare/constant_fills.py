@@ -14,6 +14,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from qat.engine import marks
+from qat.engine import op_index
 from qat.engine import rewrite as rewrite_lib
 from qat.matching import tensors
 
@@ -34,8 +35,8 @@ def fill_constant_likes(graph: tf.Graph) -> int:
       qat.engine.rewrite.RewriteError: the new ops fail their checks; the graph
         is then unchanged.
     """
-    found = [op for op in graph.get_operations()
-             if op.type in LIKE_TYPES and tensors.is_float(op.outputs[0])
+    found = [op for op in op_index.ops_of_types(graph, LIKE_TYPES)
+             if tensors.is_float(op.outputs[0])
              and op.outputs[0].consumers() and getattr(op, "_original_op", None) is None
              and not marks.is_replaced(op)]
     if not found:

@@ -25,6 +25,7 @@ from tensorflow.core.framework import attr_value_pb2
 from qat.engine import function_library
 from qat.engine import marks
 from qat.engine import node_attrs
+from qat.engine import op_index
 from qat.engine import rewrite as rewrite_lib
 from qat.matching import layer_calls
 
@@ -51,8 +52,8 @@ def inline_layer_calls(graph: tf.Graph) -> int:
       qat.engine.rewrite.RewriteError: if the new ops fail their checks; the
         graph is then unchanged.
     """
-    calls = [op for op in graph.get_operations()
-             if op.type in layer_calls.LAYER_CALL_TYPES and not marks.is_replaced(op)
+    calls = [op for op in op_index.ops_of_types(graph, layer_calls.LAYER_CALL_TYPES)
+             if not marks.is_replaced(op)
              and op.outputs and op.outputs[0].consumers()]
     if not calls:
         return 0

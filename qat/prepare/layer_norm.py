@@ -34,6 +34,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import tensor_util
 
 from qat.engine import marks
+from qat.engine import op_index
 from qat.engine import rewrite as rewrite_lib
 from qat.matching.matcher import GraphMatcher, OneofPattern, OpTypePattern
 
@@ -188,7 +189,12 @@ def unfuse_layer_norms(graph: tf.Graph) -> int:
     rewrite = rewrite_lib.Rewrite(graph, marks.LAYER_NORM)
     count = 0
     replaced: Dict[tf.Tensor, str] = {}
-    for op in graph.get_operations():
+    # Keras 3's form needs a SquaredDifference and an Rsqrt: without both, no
+    # Add is its output.
+    keras3 = op_index.has_types(graph, ("SquaredDifference",)) and op_index.has_types(
+        graph, ("Rsqrt",))
+    for op in op_index.ops_of_types(graph, ("Add", "AddV2", "Reshape") if keras3
+                                    else ("Reshape",)):
         if op.type in ("Add", "AddV2"):
             match = _KERAS3_MATCHER.match_op(op)
             if match is not None and _replace_keras3_layer_norm(rewrite, match, replaced):

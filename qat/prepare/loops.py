@@ -36,6 +36,7 @@ from qat.engine import function_graphs
 from qat.engine import function_library
 from qat.engine import marks
 from qat.engine import node_attrs
+from qat.engine import op_index
 from qat.engine import rewrite as rewrite_lib
 from qat.engine import static_values
 from qat.matching import loop_finder
@@ -118,8 +119,8 @@ def _inline_loop_calls(graph: tf.Graph, library) -> int:
     """Puts the body of each function call that runs a recurrent loop in the
     graph (tf_keras's `LSTM` / `GRU` in a tf.function call `standard_lstm`),
     so its loop can be unrolled; the call is left unconnected and marked."""
-    calls = [op for op in graph.get_operations()
-             if not marks.is_replaced(op) and loops.calls_recurrent_loop(op, library)]
+    calls = [op for op in op_index.ops_of_types(graph, function_library.FUNCTION_CALL_TYPES)
+             if loops.calls_recurrent_loop(op, library) and not marks.is_replaced(op)]
     if not calls:
         return 0
     rewrite = rewrite_lib.Rewrite(graph, marks.LOOP)

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from qat.engine import marks
+from qat.engine import op_index
 from qat.engine import rewrite as rewrite_lib
 from qat.matching import tensors
 
@@ -32,8 +33,8 @@ def split_resource_gathers(graph: tf.Graph) -> int:
     """
     rewrite = rewrite_lib.Rewrite(graph, marks.EMBEDDING)
     count = 0
-    for op in graph.get_operations():
-        if (op.type not in RESOURCE_GATHER_TYPES or marks.is_replaced(op)
+    for op in op_index.ops_of_types(graph, RESOURCE_GATHER_TYPES):
+        if (marks.is_replaced(op)
                 or not tensors.is_float(op.outputs[0]) or not tensors.gathers_rows(op)):
             continue
         dtype = op.get_attr("dtype")

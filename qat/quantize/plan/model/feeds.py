@@ -70,9 +70,10 @@ class Parameters(object):
         return self.op_is_parameter(t.op)
 
     def _local(self, op: tf.Operation) -> Optional[bool]:
-        if op.type in PARAMETER_TYPES or op.type in SHAPE_TYPES:
+        op_type = op.type  # Read once: each read is a call into TensorFlow.
+        if op_type in PARAMETER_TYPES or op_type in SHAPE_TYPES:
             return True
-        if op.type in FEED_TYPES or is_random(op) or not op.inputs:
+        if op_type in FEED_TYPES or op_type.startswith(RANDOM_PREFIXES) or not op.inputs:
             return False
         try:
             if op.op_def.is_stateful:

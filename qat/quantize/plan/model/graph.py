@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from qat.engine import function_library
 from qat.engine import marks
+from qat.engine import op_index
 from qat.matching import frames
 from qat.matching import layer_patterns
 from qat.matching import tensors
@@ -101,28 +102,34 @@ class GraphView(object):
         # tf.gradients builds each gradient function under its forward op
         # (recorded as `_original_op`); imported graphs lose that, so gradient
         # kernels (ReluGrad, Conv2DBackpropFilter, ...) are seeds as well.
+        kernels = set(op_index.ops_of_types(graph, [
+            t for t in op_index.op_types(graph) if qp.is_gradient_kernel_type(t)]))
         self.gradient_ops = forward_closure(
             [op for op in ops if getattr(op, "_original_op", None) is not None
-             or qp.is_gradient_kernel(op)])
+             or op in kernels])
         layers = layer_patterns.layer_ops(graph)
-        layers += [op for op in ops if op.type in qp.TRANSPOSED_CONV_TYPES]
+        layers += op_index.ops_of_types(graph, qp.TRANSPOSED_CONV_TYPES)
         # Ops a rewrite replaced (a loop it unrolled): no reader of theirs computes.
-        self.replaced = {op for op in ops if op.type in REPLACEABLE_TYPES
-                         and marks.is_replaced(op)}
+        self.replaced = {op for op in op_index.ops_of_types(graph, REPLACEABLE_TYPES)
+                         if marks.is_replaced(op)}
         self.gradient_layers = [op for op in layers if op in self.gradient_ops]
         self.layers = sorted((op for op in layers if op not in self.gradient_ops),
                              key=lambda o: o._id)  # pylint: disable=protected-access
         # Integer inputs enter through embedding lookups and casts.
-        self.entries = {op: table for op, table in lookups.entry_ops(ops).items()
+        # Only gathers and casts can be entries.
+        entry_candidates = op_index.ops_of_types(
+            graph, lookups.GATHER_TYPES | lookups.RESOURCE_GATHER_TYPES | {"Cast"})
+        self.entries = {op: table for op, table in lookups.entry_ops(entry_candidates).items()
                         if op not in self.gradient_ops and (
                             table is not None or self._reaches_layer(op))}
         # Batch norms are model ops wherever they are (one that follows no
         # layer gets a range of its own, `standalone_batch_norm`).
-        self.batch_norms = [op for op in ops if op.type in qp.BATCH_NORM_TYPES
-                            and op not in self.gradient_ops]
+        self.batch_norms = [op for op in op_index.ops_of_types(graph, qp.BATCH_NORM_TYPES)
+                            if op not in self.gradient_ops]
         self.params = feeds.Parameters()
         # Matched once here; the planner's structures read them too.
-        self.unfused_batch_norm_matches = _unfused_batch_norms(ops, self.gradient_ops)
+        self.unfused_batch_norm_matches = _unfused_batch_norms(
+            op_index.ops_of_types(graph, ("Add", "AddV2")), self.gradient_ops)
         self._find_sources()
         self.model_ops = self._ancestors(self.layers + self.batch_norms)
         # Set by `find_boundary` (the planner, once the layers' tails are known).

@@ -160,11 +160,10 @@ def _find_batch_statistics(view: plan_graph.GraphView, layout: ModelLayout,
       ordered: the data-path ops in graph order.
     """
     for op in ordered:
-        if (op.type not in ("Add", "AddV2") or op in layout.tail_ops
-                or marks.is_replaced(op)):
-            continue
+        # The matches are of Adds only: asked first, so no other op's type is read.
         match = view.unfused_batch_norm_matches.get(op)
-        if match is None:
+        if (match is None or op.type not in ("Add", "AddV2") or op in layout.tail_ops
+                or marks.is_replaced(op)):
             continue
         x = match.get_tensor("bn_input")
         statistics = [match.get_tensor("mean"), match.get_tensor("variance")]

@@ -119,4 +119,16 @@ def is_gradient_kernel(op) -> bool:
     Conv2DBackpropInput is not one: it is also the forward op of transposed
     convolutions.
     """
-    return op.type.endswith("Grad") or op.type in _GRADIENT_ONLY_TYPES
+    return is_gradient_kernel_type(op.type)
+
+
+def is_gradient_kernel_type(op_type: str) -> bool:
+    """`is_gradient_kernel` for an op type name.
+
+    Args:
+      op_type: an op type, e.g. "ReluGrad".
+
+    Returns:
+      True for the types only gradient computations create.
+    """
+    return op_type.endswith("Grad") or op_type in _GRADIENT_ONLY_TYPES
