@@ -7,6 +7,8 @@
   node_batch       -> new ops written as NodeDefs, added with one import
   graph_import     -> that import, in C++, and the new ops' Python wrappers
   marks            -> the `_qat` attribute on qat's ops
+  op_index         -> a graph's ops by type, indexed once and extended:
+                      passes that look for rare ops ask it, not every op
   node_attrs       -> a NodeDef's attributes without TensorFlow's `_` ones
   function_library -> the graph's function library, the op types that call
                       functions, the functions a node names
