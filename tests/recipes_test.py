@@ -139,22 +139,51 @@ class GraphRecipeTest(tf.test.TestCase):
         self.assertTrue(all(part.startswith("net/logits/") or part == "output"
                             for f in floats for part in f.float_tensors[0].split(";")), floats)
 
-    def test_sixteen_bit_layer_trains_and_its_export_is_refused(self):
-        recipe = [{"layers": "pw", "activation_bits": 16}]
-        data = np.random.RandomState(0)
-        x = data.rand(16, 8, 8, 1).astype(np.float32)
+    def _eval_session(self, recipe, x, data):
+        """(eval graph, a session on it restored from two training steps of `recipe`)."""
         graph, train = _graph(recipe, training=True)
-        self.assertEqual(_fake_quants(graph)["net/pw/act_quant"], (16, False))
-        self.assertEqual(_fake_quants(graph)["net/dw/act_quant"], (8, False))
         with graph.as_default(), tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             for _ in range(2):
                 sess.run(train, {"input:0": x, "labels:0": data.randint(0, 10, 16)})
-            with self.assertRaisesRegex(
-                    qat.RecipeError, r"16-bit activations \(net/pw/act_quant.*per-layer "
-                    "16-bit export is not supported by TF's converter"):
+            path = tf.compat.v1.train.Saver().save(sess, os.path.join(tempfile.mkdtemp(), "c"))
+        eval_graph, _ = _graph(recipe, training=False)
+        with eval_graph.as_default():
+            sess = tf.compat.v1.Session()
+            tf.compat.v1.train.Saver().restore(sess, path)
+        return eval_graph, sess
+
+    def test_sixteen_bit_layer_exports_beside_eight_bit_ones(self):
+        recipe = [{"layers": ".*", "per_channel": False},
+                  {"layers": "pw", "activation_bits": 16, "per_channel": False}]
+        data = np.random.RandomState(0)
+        x = data.rand(16, 8, 8, 1).astype(np.float32)
+        graph, sess = self._eval_session(recipe, x, data)
+        self.assertEqual(_fake_quants(graph)["net/pw/act_quant"], (16, False))
+        self.assertEqual(_fake_quants(graph)["net/dw/act_quant"], (8, False))
+        with graph.as_default(), sess:
+            lo, hi = sess.run([v for side in ("min", "max") for v in tf.compat.v1.global_variables()
+                               if v.op.name == "net/pw/act_quant/" + side])
+            self.assertAllClose(hi, -lo * 32767 / 32768, rtol=1e-6)  # LiteRT's int16 grid.
+            with self.assertRaisesRegex(export.ExportError, r"pass flavours=\['int8'\]"):
+                export.export_tflite(["input"], ["output"], tempfile.mkdtemp(), sess=sess)
+            model = export.export_tflite(["input"], ["output"], tempfile.mkdtemp(), sess=sess,
+                                         flavours=("int8",), parity_inputs=x)["int8"]
+        self.assertEqual(export.find_float_ops(model.report), [])
+        types = {np.dtype(t) for op in model.report.ops for t in op.output_types}
+        self.assertTrue({np.dtype(np.int16), np.dtype(np.int8)} <= types, types)
+        print(f"graph 16-bit recipe: {model.parity.format()}")
+        self.assertGreaterEqual(model.parity.top1_agreement, 0.9, model.parity.format())
+
+    def test_sixteen_bit_layer_with_per_channel_weights_is_refused_at_export(self):
+        data = np.random.RandomState(0)
+        x = data.rand(16, 8, 8, 1).astype(np.float32)
+        graph, sess = self._eval_session([{"layers": "pw", "activation_bits": 16}], x, data)
+        with graph.as_default(), sess:
+            with self.assertRaisesRegex(qat.RecipeError,
+                                        r"16-bit activations \(net/pw/act_quant.*per-channel"):
                 export.export_tflite(["input"], ["output"], tempfile.mkdtemp(), sess=sess,
-                                     flavours=("int8",))
+                                     flavours=("int8",), parity_inputs=x)
 
     def test_a_rule_selecting_no_layer_changes_nothing(self):
         graph = tf.Graph()

@@ -13,7 +13,8 @@
   edge_quantizer, edge_quantizer_graphs -> int8 and int16 activations in one
               LiteRT model by ai-edge-quantizer, fed qat's ranges and bits
   float_layers -> a mixed model (a recipe's float layers) held to its recipe:
-              float only there; 16-bit activations all or nothing
+              float only there; 16-bit activations beside 8-bit ones (the
+              ai-edge-quantizer export) or refused
   pipeline -> export_tflite: all of the above in one call
   saved_model -> the frozen eval graph as a TF 2 SavedModel (serving
               signature), converted with TF 2's from_saved_model

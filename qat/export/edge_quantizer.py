@@ -120,8 +120,23 @@ def _weight_bits_of(tensor_name: str, nodes, weights) -> Optional[int]:
     return None
 
 
+def _constant_names(model: bytes) -> set:
+    """The names of a `.tflite`'s constant tensors (weights: their data in a buffer)."""
+    from ai_edge_quantizer.utils import tfl_flatbuffer_utils  # pylint: disable=import-outside-toplevel
+    flat = tfl_flatbuffer_utils.read_model(model)
+    return {t.name.decode() for g in flat.subgraphs for t in g.tensors
+            if flat.buffers[t.buffer].data is not None and len(flat.buffers[t.buffer].data)}
+
+
 def _float_tensors(model: bytes, sample_inputs: Sequence[np.ndarray]) -> Dict[str, np.ndarray]:
+    """{name: value} of the float tensors the model computes on `sample_inputs`.
+
+    Constants are left out: a weight is named after the op reading it (a
+    MatMul whose output FakeQuant reads it directly), and given that
+    FakeQuant's range it would be quantized on the activation's grid.
+    """
     from ai_edge_litert import interpreter as litert  # pylint: disable=import-outside-toplevel
+    constants = _constant_names(model)
     interp = litert.Interpreter(model_content=model, experimental_preserve_all_tensors=True)
     details = interp.get_input_details()
     for d, value in zip(details, sample_inputs):
@@ -136,7 +151,7 @@ def _float_tensors(model: bytes, sample_inputs: Sequence[np.ndarray]) -> Dict[st
             value = interp.get_tensor(t["index"])
         except ValueError:
             continue
-        if value.dtype == np.float32 and value.size:
+        if value.dtype == np.float32 and value.size and t["name"] not in constants:
             values[t["name"]] = value
     return values
 

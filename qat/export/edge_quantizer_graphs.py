@@ -60,8 +60,11 @@ def _activation_range(node, nodes) -> Tuple[float, float]:
 
 
 def int16_range(lo: float, hi: float) -> Tuple[float, float]:
-    """The FakeQuant range on LiteRT's int16 grid covering [lo, hi]: [-32768 s, 32767 s]."""
-    scale = max(abs(lo), abs(hi), 1e-9) / _INT16[1]
+    """The FakeQuant range on LiteRT's int16 grid covering [lo, hi]: [-32768 s, 32767 s].
+
+    A range already on the grid (qat's symmetric 16-bit ranges) is its own.
+    """
+    scale = max(abs(lo) / -_INT16[0], abs(hi) / _INT16[1], 1e-9 / _INT16[1])
     return _INT16[0] * scale, _INT16[1] * scale
 
 

@@ -10,9 +10,10 @@ exactly that instead of `inspect.check_fully_integer`:
   layer's name scope), or reads only float values such ops computed (the
   ops after a float layer up to the next range: a pool reading its float
   output);
-* 16-bit activations are all or nothing (`check_activation_bits`): TF's
-  converter refuses a 16-bit activation inside an 8-bit model (it inserts
-  no int16 <-> int8 requantization).
+* 16-bit activations beside 8-bit ones (`check_activation_bits`): TF's
+  converter refuses them (it inserts no int16 <-> int8 requantization), so
+  the export hands such a model to `qat.export.edge_quantizer`, which has no
+  float islands and per-tensor weights only: those recipes are refused.
 * every float layer is float in the model. TF's converter quantizes a float
   layer whose input and output are both quantized (between two integer
   layers: it quantizes its weights itself); the export refuses that model,
@@ -109,26 +110,51 @@ def check_float_layers(model: bytes, graph_def: tf.compat.v1.GraphDef,
     return report
 
 
-def check_activation_bits(graph_def: tf.compat.v1.GraphDef) -> None:
-    """Raises RecipeError when some activation ranges are 16-bit and others not.
+def check_activation_bits(graph_def: tf.compat.v1.GraphDef,
+                          float_scopes: Sequence[str] = ()) -> List[str]:
+    """The 16-bit activation FakeQuants of a graph that also has 8-bit ones.
 
-    Training with per-layer 16-bit activations works; TF's converter cannot
-    export it ("'tfl.tanh' op failed to verify that input and output must
-    have same element type"): only a model whose every activation is 16-bit
-    (its 16x8 mode).
+    Such a model (a recipe's 16-bit layers) is exported by ai-edge-quantizer
+    (`qat.export.edge_quantizer`): TF's converter refuses a 16-bit activation
+    inside an 8-bit model ("'tfl.tanh' op failed to verify that input and
+    output must have same element type"). A model whose every activation is
+    16-bit (TF's 16x8 mode) or none gives [].
+
+    Args:
+      graph_def: a frozen eval graph.
+      float_scopes: the name scopes of the layers the recipe keeps float.
+
+    Returns:
+      The names of the 16-bit activation FakeQuants, [] when not mixed.
+
+    Raises:
+      RecipeError: 16-bit islands with float layers or per-channel weights,
+        which ai-edge-quantizer's path does not handle.
     """
     nodes = {n.name: n for n in graph_def.node}
     bits = {}
+    per_channel = []
     for node in graph_def.node:
         if node.op in _FAKE_QUANT_TYPES and node.input:
             source = nodes.get(node.input[0].split(":")[0].lstrip("^"))
-            if source is not None and source.op != "Const":  # Weights are constants.
+            if node.op.endswith("PerChannel"):
+                per_channel.append(node.name)
+            elif source is not None and source.op != "Const":  # Weights are constants.
                 bits[node.name] = node.attr["num_bits"].i if "num_bits" in node.attr else 8
     wide = sorted(name for name, b in bits.items() if b == 16)
-    if wide and len(wide) < len(bits):
-        shown = ", ".join(wide[:8]) + (f" and {len(wide) - 8} more" if len(wide) > 8 else "")
+    if not wide or len(wide) == len(bits):
+        return []
+    shown = ", ".join(wide[:8]) + (f" and {len(wide) - 8} more" if len(wide) > 8 else "")
+    if float_scopes:
         raise recipes.RecipeError(
-            f"the model has 16-bit activations ({shown}) beside 8-bit ones: per-layer 16-bit "
-            "export is not supported by TF's converter (it refuses a 16-bit activation inside "
-            "an 8-bit model). Train on with this recipe, or give every layer "
-            "activation_bits 16 or none.")
+            f"the model has 16-bit activations ({shown}) beside 8-bit ones and float layers "
+            f"({', '.join(float_scopes)}): ai-edge-quantizer, which exports 16-bit layers in an "
+            "8-bit model, does not keep float islands. Quantize those layers, or drop "
+            "activation_bits 16 from the recipe.")
+    if per_channel:
+        raise recipes.RecipeError(
+            f"the model has 16-bit activations ({shown}) beside 8-bit ones and per-channel "
+            f"weights ({', '.join(per_channel[:4])}): ai-edge-quantizer's export of 16-bit "
+            "layers takes per-tensor weights only. Quantize with per_channel False (the "
+            "options and the recipe's rules), or drop activation_bits 16.")
+    return wide

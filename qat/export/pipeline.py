@@ -5,7 +5,10 @@ optionally compare with the graph.
 Two converters: TF1's `TFLiteConverter.from_session` on the frozen graph
 (`converter="session"`, uint8 and int8), or TF 2's
 `TFLiteConverter.from_saved_model` on a TF 2 SavedModel written from it
-(`converter="saved_model"`, int8; `qat.export.saved_model`)."""
+(`converter="saved_model"`, int8; `qat.export.saved_model`). A model with
+16-bit activations beside 8-bit ones (a recipe's 16-bit layers), which TF's
+converters refuse, is made by ai-edge-quantizer from qat's ranges
+(`qat.export.edge_quantizer`) and checked against its reference graph."""
 import dataclasses
 import os
 import time
@@ -15,10 +18,15 @@ import tensorflow as tf
 
 from absl import logging
 
-from qat.export import convert, freeze, functions, inspect, kernel_checks, parity, range_survival
+from qat.export import convert, edge_quantizer, freeze, functions, inspect, kernel_checks, parity
+from qat.export import range_survival
 from qat.export import float_layers as float_layers_lib
 from qat.export import saved_model as saved_model_lib
 from qat.export.errors import ExportError
+
+# Examples handed to ai-edge-quantizer for the ranges of tensors no FakeQuant
+# quantizes (pass-through ops: SPLIT, TRANSPOSE).
+_SAMPLE_EXAMPLES = 128
 
 
 @dataclasses.dataclass
@@ -99,6 +107,15 @@ def export_tflite(input_names: Sequence[str],
         layers and the ops reading their float outputs, and each must be
         float (`qat.export.float_layers`).
 
+    A graph with 16-bit activations beside 8-bit ones (a recipe's 16-bit
+    layers) is exported by ai-edge-quantizer fed the graph's ranges
+    (`qat.export.edge_quantizer`): flavour "int8" only, `parity_inputs`
+    required (its first examples also give the ranges of pass-through
+    tensors), the parity checked against the eval graph with LiteRT's
+    int16 -> int8 requantizations; the model's input and output are then
+    integer and it has no SignatureDef. Float layers and per-channel weights
+    are refused beside 16-bit layers (RecipeError).
+
     Returns:
       {flavour: ExportedModel}.
 
@@ -135,7 +152,11 @@ def export_tflite(input_names: Sequence[str],
     freeze.check_tensor_names(frozen, input_names, "input")
     for flavour in flavours:  # uint8 of per-channel weights: refused before any file.
         convert.check_flavour(frozen, flavour)
-    float_layers_lib.check_activation_bits(frozen)  # 16-bit islands: refused before converting.
+    islands = float_layers_lib.check_activation_bits(frozen, float_layers)
+    if islands and list(flavours) != ["int8"]:
+        raise ExportError(
+            f"16-bit activations ({islands[0]}, ...) beside 8-bit ones export as one int8 / "
+            "int16 model by ai-edge-quantizer: pass flavours=['int8']")
     # Ranges a kernel would refuse (an old checkpoint): refused before converting.
     kernel_checks.check_kernel_preconditions(frozen, flavours,
                                              label=os.path.join(output_dir, name))
@@ -143,7 +164,11 @@ def export_tflite(input_names: Sequence[str],
     saved_model_dir = None
     for flavour in flavours:
         start = time.perf_counter()
-        if converter == "saved_model":
+        reference = frozen
+        if islands:
+            model, reference = _mixed_precision(frozen, input_names, output_names,
+                                                parity_inputs, os.path.join(output_dir, name))
+        elif converter == "saved_model":
             saved_model_dir = saved_model_lib.write_saved_model(
                 frozen, input_names, output_names,
                 os.path.join(output_dir, f"{name}_saved_model"), input_ranges=input_ranges,
@@ -157,9 +182,10 @@ def export_tflite(input_names: Sequence[str],
         seconds = time.perf_counter() - start
         path = convert.write_model(model, os.path.join(output_dir, f"{name}_{flavour}.tflite"))
         results[flavour] = _checked(
-            model, flavour, path, seconds, frozen, source, input_names, output_names,
+            model, flavour, path, seconds, reference, reference if islands else source,
+            input_names, output_names,
             require_integer, allow_lost_ranges, parity_inputs, min_top1_agreement,
-            max_diff_steps, saved_model_dir, float_layers)
+            max_diff_steps, saved_model_dir, float_layers, mixed=bool(islands))
     return results
 
 
@@ -196,6 +222,10 @@ def export_model(model,
       float_layers: as in `export_tflite`; None: the layers `model`'s recipe
         keeps float (`model.layer_precisions`).
 
+    16-bit layers beside 8-bit ones are exported by ai-edge-quantizer, as in
+    `export_tflite` (`parity_inputs` required; integer input and output, no
+    SignatureDef).
+
     Returns:
       The `ExportedModel` (flavour "int8").
 
@@ -207,18 +237,24 @@ def export_model(model,
         float_layers = float_layers_lib.float_scopes_of(getattr(model, "layer_precisions", ()))
     function = functions.concrete_function_of(model)
     frozen = functions.freeze_function(function)
-    float_layers_lib.check_activation_bits(frozen.graph_def)
+    islands = float_layers_lib.check_activation_bits(frozen.graph_def, float_layers)
     # Ranges a kernel would refuse (an old checkpoint): refused before converting.
     kernel_checks.check_kernel_preconditions(frozen.graph_def, ("int8",),
                                              label=os.path.join(output_dir, name))
     start = time.perf_counter()
-    tflite = functions.convert_function(function, int8_io=int8_io)
+    reference = frozen.graph_def
+    if islands:  # 16-bit layers beside 8-bit ones: ai-edge-quantizer, as in export_tflite.
+        tflite, reference = _mixed_precision(frozen.graph_def, frozen.input_names,
+                                             frozen.output_names, parity_inputs,
+                                             os.path.join(output_dir, name))
+    else:
+        tflite = functions.convert_function(function, int8_io=int8_io)
     seconds = time.perf_counter() - start
     path = convert.write_model(tflite, os.path.join(output_dir, f"{name}_int8.tflite"))
-    return _checked(tflite, "int8", path, seconds, frozen.graph_def, frozen.graph_def,
+    return _checked(tflite, "int8", path, seconds, reference, reference,
                     frozen.input_names, frozen.output_names, require_integer,
                     allow_lost_ranges, parity_inputs, min_top1_agreement, max_diff_steps, None,
-                    float_layers)
+                    float_layers, mixed=bool(islands))
 
 
 def _checked(model: bytes, flavour: str, path: str, seconds: float,
@@ -226,8 +262,14 @@ def _checked(model: bytes, flavour: str, path: str, seconds: float,
              input_names: Sequence[str], output_names: Sequence[str],
              require_integer: bool, allow_lost_ranges: bool,
              parity_inputs, min_top1_agreement, max_diff_steps,
-             saved_model_dir: Optional[str], float_layers: Sequence[str] = ()) -> ExportedModel:
-    """Checks a converted model against its frozen eval graph (see export_tflite)."""
+             saved_model_dir: Optional[str], float_layers: Sequence[str] = (),
+             mixed: bool = False) -> ExportedModel:
+    """Checks a converted model against its frozen eval graph (see export_tflite).
+
+    `mixed`: ai-edge-quantizer's model, given each range by qat
+    (`edge_quantizer.EdgeQuantizedModel.tensor_bits`): no range survival
+    check (it matches TF's converter's tensors), `survival` None.
+    """
     if require_integer and float_layers:
         report = float_layers_lib.check_float_layers(model, frozen, float_layers, label=path)
     elif require_integer:
@@ -236,10 +278,10 @@ def _checked(model: bytes, flavour: str, path: str, seconds: float,
     else:
         report = inspect.describe_model(model)
     inspect.check_runnable(model, frozen, label=path)
-    survival = range_survival.check_ranges(frozen, model, flavour=flavour)
-    if survival.differing and not allow_lost_ranges:
+    survival = None if mixed else range_survival.check_ranges(frozen, model, flavour=flavour)
+    if survival is not None and survival.differing and not allow_lost_ranges:
         range_survival.check_range_survival(frozen, model, label=path)  # Raises.
-    for lost in survival.lost:
+    for lost in survival.lost if survival is not None else ():
         logging.warning("%s: range lost in conversion: %s", path, lost.describe())
     parity_report = None
     if parity_inputs is not None:
@@ -248,3 +290,27 @@ def _checked(model: bytes, flavour: str, path: str, seconds: float,
             min_top1_agreement=min_top1_agreement, max_diff_steps=max_diff_steps)
     return ExportedModel(flavour, path, model, report, parity_report, seconds,
                          saved_model_dir, survival)
+
+
+def _mixed_precision(frozen: tf.compat.v1.GraphDef, input_names: Sequence[str],
+                     output_names: Sequence[str], parity_inputs, label: str
+                     ) -> Tuple[bytes, tf.compat.v1.GraphDef]:
+    """(model, reference graph) of ai-edge-quantizer's int8 / int16 model of `frozen`.
+
+    Raises:
+      ExportError: no `parity_inputs` (a batch is needed for the ranges of
+        pass-through tensors); EdgeQuantizerUnavailableError.
+    """
+    if parity_inputs is None:
+        raise ExportError(
+            f"{label}: 16-bit activations beside 8-bit ones are exported by ai-edge-quantizer, "
+            "which needs examples for the ranges of pass-through tensors (SPLIT, TRANSPOSE): "
+            "give parity_inputs (an array, or {input name: array})")
+    tensor = lambda n: n if ":" in n else n + ":0"  # pylint: disable=unnecessary-lambda-assignment
+    inputs, outputs = [tensor(n) for n in input_names], [tensor(n) for n in output_names]
+    feeds = parity.input_feeds(inputs, parity_inputs)
+    sample = [feeds[freeze.op_name(n)][:_SAMPLE_EXAMPLES] for n in inputs]
+    result = edge_quantizer.mixed_precision_model(frozen, inputs, outputs, sample)
+    logging.info("%s: 16-bit tensors %s", label,
+                 sorted(t for t, bits in result.tensor_bits.items() if bits == 16))
+    return result.model, result.reference_graph_def

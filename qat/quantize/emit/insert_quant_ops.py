@@ -121,7 +121,8 @@ def _spec(plan: Plan, config: config_lib.RewriteConfig,
         narrow_range=plan.is_weight,
         # Narrow and symmetric weights: [-a, a] on [-127, 127], zero point 0
         # in int8, as the int8 TFLite kernels require.
-        symmetric=config.weights_symmetric() if plan.is_weight else config.symmetric,
+        # 16-bit activations on LiteRT's int16 grid [-32768 s, 32767 s], zero point 0.
+        symmetric=config.weights_symmetric() if plan.is_weight else config.symmetric or bits == 16,
         per_channel=plan.per_channel, ema_decay=config.ema_decay,
         init_min=plan.init_min, init_max=6.0, quant_delay=config.quant_delay,
         vars_collection=config.vars_collection, channel_reshape=reshape,

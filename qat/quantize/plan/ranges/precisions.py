@@ -241,7 +241,12 @@ class LayerPrecisions(object):
     def mark_recurrent_ranges(self, plans) -> None:
         """A recurrent layer's activation bits for every learnt range inside
         it (gates, cell state, its steps' outputs), not only its layer ops'
-        outputs. Fixed grids (LOGISTIC, TANH) keep their own."""
+        outputs. Fixed grids (LOGISTIC, TANH) keep their own.
+
+        A range a 16-bit one shares (the steps' outputs and their stack) is
+        16-bit too: one range, one grid (LiteRT's int16 grid, symmetric).
+        """
+        plans = list(plans)
         for layer in self.layers:
             if layer.info.kind != "recurrent" or layer.precision.keep_float:
                 continue
@@ -249,6 +254,14 @@ class LayerPrecisions(object):
                 if (not plan.is_weight and plan.fixed is None and plan.bits is None
                         and _under(plan.tensor.op.name, layer.info.name)):
                     plan.bits = layer.precision.activation_bits
+        changed = True
+        while changed:
+            changed = False
+            for plan in plans:
+                owner = plan.shared
+                if (plan.bits == 16 and owner is not None and not owner.is_weight
+                        and owner.fixed is None and owner.bits != 16):
+                    owner.bits, changed = 16, True
 
     def of(self, op: tf.Operation) -> Optional[recipes.Precision]:
         """The precision of the layer `op` (a layer op or a lookup) belongs to."""
