@@ -8,6 +8,8 @@ exports to the size the table reports.
 """
 import json
 import os
+import subprocess
+import sys
 import tempfile
 
 from absl.testing import absltest
@@ -123,6 +125,18 @@ class RecipeSearchTest(tf.test.TestCase):
             qat.recipe_sensitivity(self.qm.model, self.images, self.labels)
         with self.assertRaisesRegex(ValueError, "budget"):
             qat.search_recipe(self.qm, self.images, self.labels, budget=-1)
+
+    def test_command_refuses_an_eval_file_without_labels(self):
+        data = os.path.join(self.out, "no_labels.npz")
+        np.savez(data, images=self.images)
+        tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "tools", "qat_recipe_search.py")
+        run = subprocess.run([sys.executable, tool, "--model=unused.keras", f"--eval_data={data}",
+                              f"--output_dir={os.path.join(self.out, 'cli')}"],
+                             capture_output=True, text=True, timeout=300, check=False)
+        self.assertEqual(run.returncode, 1, run.stderr[-2000:])
+        self.assertIn("has no ['labels']", run.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.out, "cli")))
 
 
 if __name__ == "__main__":
