@@ -7,7 +7,8 @@
 QAT (`qm.save("qm.keras")`). Instead, --float_model (a float `.keras` model)
 with an optional --recipe (the base recipe's JSON) quantizes it here; its
 activation ranges are then set by running it on the eval images in training
-mode (no weight changes), so the figures are those of an untrained QAT model.
+mode (no optimizer step; batch norms may update their moving statistics on these
+images), so the figures are those of a model before QAT.
 --eval_data is an .npz holding the eval inputs and integer labels
 (--images_key, --labels_key). No candidate is retrained: each is the model
 quantized again with its recipe, given the trained ranges, exported to
@@ -52,7 +53,7 @@ def _quantized_model(keras, images):
     recipe = qat.Recipe.load(FLAGS.recipe) if FLAGS.recipe else None
     qm = qat.quantize_model(keras.models.load_model(FLAGS.float_model), recipe=recipe,
                             per_channel_weights=FLAGS.per_channel_weights)
-    for start in range(0, len(images), 64):  # Ranges only: no optimizer step.
+    for start in range(0, len(images), 64):  # Ranges (and batch-norm statistics): no optimizer step.
         qm(images[start:start + 64], training=True)
     return qm
 

@@ -117,7 +117,9 @@ def recipe_sensitivity(qm, images: np.ndarray, labels: np.ndarray,
         integer labels).
       output_dir: where the candidates' .tflite files go (temporary if None).
       progress: called as progress(index, total, evaluation) after each
-        candidate; each is also logged (absl, INFO).
+        candidate (index from 1); each is also logged (absl, INFO). In
+        `search_recipe`, `total` is the most candidates it may measure
+        (sensitivity, then one per layer).
       evaluator: a `CandidateEvaluator` to reuse (it holds the eval set).
 
     Returns:
