@@ -20,6 +20,9 @@ builds layers the first trace did not have (`UnplannedRangeError`) are
 exported here to be caught. `Recipe` says what each layer gets (float,
 8-bit, 4-bit weights, 16-bit activations; `recipe=` on the rewrites and
 `quantize_model`); a recipe that cannot apply raises `RecipeError`.
+`recipe_sensitivity` and `search_recipe` measure, on a labelled eval set,
+what other recipes of a trained model would cost, exported without
+retraining (docs/choosing_what_to_quantize.md).
 """
 
 __version__ = "0.1.0"
@@ -38,6 +41,8 @@ from qat.engine.recipes import RecipeError
 from qat.prepare.loops import UnknownStepsError
 from qat.prepare.loops import UnrollError
 from qat.tf2 import quantize_model
+from qat.tf2.recipe_search import recipe_sensitivity
+from qat.tf2.recipe_search import search_recipe
 from qat.tf2.ranges import UnplannedRangeError
 
 __all__ = [
@@ -52,6 +57,8 @@ __all__ = [
     "fold_batch_norms",
     "insert_quant_ops",
     "quantize_model",
+    "recipe_sensitivity",
+    "search_recipe",
     "Recipe",
     "RecipeError",
     "UnknownStepsError",

@@ -21,6 +21,10 @@ quantized Keras model class with each Keras (`qat.tf2.keras_registration`), so
   options            -> quantize_model's options, kept with the model
   keras_files        -> its .keras config: model config, signature, options
   keras_registration -> its class registered with each Keras when imported
+  recipe_candidates  -> a trained model quantized again with another recipe,
+                        its ranges copied, exported and measured
+  recipe_search      -> `recipe_sensitivity` and `search_recipe`: per-layer
+                        costs, a greedy search within an accuracy budget
 """
 from qat.tf2 import keras_registration
 from qat.tf2.module import QuantizedModule
