@@ -77,8 +77,7 @@ class QuantizedModule(tf.Module):
         its name, kind, position) and the precision it got; `describe()` of
         one reads `functional_1/conv1_1 (conv, first): w8 a8 [rule 2]`.
         Empty without a recipe."""
-        rewriter = self._qat.value
-        return list(rewriter.layers[False] or rewriter.layers[True])
+        return self._qat.value.layer_precisions()
 
     @property
     def left_float(self):

@@ -244,6 +244,12 @@ class FunctionRewriter(object):
         self.skipped_batches()
         return self._traced_call(self.functions[False].get_concrete_function)
 
+    def layer_precisions(self) -> list:
+        """Each layer a recipe selected and the precision it got, from the eval
+        trace (the training trace's when only that one ran); empty without a
+        recipe."""
+        return list(self.layers[False] or self.layers[True])
+
     def skipped_batches(self) -> Dict[str, int]:
         """{range name: training batches it skipped}; warns once per range.
 
